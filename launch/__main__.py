@@ -1,0 +1,101 @@
+"""`python -m launch`: the command-line interface.
+
+    python -m launch list
+    python -m launch doctor [RECIPE] [--cpu]
+    python -m launch RECIPE [--smoke] [--cpu] [--num-processes N] [--sp-size N] ... [--dry-run] [-- training args]
+    python -m launch record RECIPE --smoke [--cpu] [...]     (re-records expected_metrics.json; deliberate)
+    python -m launch sync-scripts                              (copies the canonical train.py to every recipe)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from launch.recipes import LaunchError
+
+SUBCOMMANDS = ("list", "doctor", "record", "sync-scripts")
+
+
+def run_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Validate, plan, run and judge a recipe.")
+    p.add_argument("recipe", help="a folder name under recipes/ (see `python -m launch list`) or a path")
+    p.add_argument("--smoke", action="store_true", help="tiny offline model and data, few steps, judged against expected metrics")
+    p.add_argument("--cpu", action="store_true", help="run the processes on CPU over gloo, in fp32")
+    p.add_argument("--num-processes", type=int, help="total processes (GPUs); default: the Accelerate config's")
+    p.add_argument("--dp-replicate-size", type=int, help="override parallelism_config_dp_replicate_size")
+    p.add_argument("--dp-shard-size", type=int, help="override parallelism_config_dp_shard_size")
+    p.add_argument("--cp-size", type=int, help="override parallelism_config_cp_size (context parallelism)")
+    p.add_argument("--sp-size", type=int, help="override parallelism_config_sp_size (sequence parallelism)")
+    p.add_argument("--output-dir", help="where checkpoints, trainer_state.json and run_summary.json go")
+    p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
+    p.add_argument("--dry-run", action="store_true", help="print the command and the effective setup, run nothing")
+    return p
+
+
+def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def options_from(ns, extra):
+    from launch.resolve import Options
+
+    mesh = {k: v for k, v in (("dp_replicate", ns.dp_replicate_size), ("dp_shard", ns.dp_shard_size),
+                              ("cp", ns.cp_size), ("sp", ns.sp_size)) if v is not None}
+    return Options(recipe=ns.recipe, smoke=ns.smoke, cpu=ns.cpu, num_processes=ns.num_processes, mesh=mesh,
+                   output_dir=ns.output_dir, max_steps=ns.max_steps, extra=extra)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "list":
+            from launch.listing import print_list
+
+            return print_list()
+        if argv and argv[0] == "sync-scripts":
+            from launch.listing import sync_scripts
+
+            return sync_scripts()
+        if argv and argv[0] == "doctor":
+            return cmd_doctor(argv[1:])
+        if argv and argv[0] == "record":
+            return cmd_run(argv[1:], record=True)
+        return cmd_run(argv)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def cmd_doctor(argv: list[str]) -> int:
+    from launch.doctor import run_doctor
+    from launch.resolve import Options, resolve
+
+    p = argparse.ArgumentParser(prog="python -m launch doctor", description="Check versions, floors and GPUs.")
+    p.add_argument("recipe", nargs="?")
+    p.add_argument("--cpu", action="store_true")
+    p.add_argument("--num-processes", type=int)
+    p.add_argument("--strict", action="store_true", help="GPU-only packages must be installed too (the image)")
+    ns = p.parse_args(argv)
+    setup = resolve(Options(recipe=ns.recipe, cpu=ns.cpu, num_processes=ns.num_processes)) if ns.recipe else None
+    strict = ns.strict or os.environ.get("LAUNCH_DOCTOR_AT_START") == "1"
+    return 1 if run_doctor(setup, strict=strict) else 0
+
+
+def cmd_run(argv: list[str], record: bool = False) -> int:
+    from launch import runner
+
+    own, extra = split_extra(argv)
+    prog = "python -m launch record" if record else "python -m launch"
+    ns = run_parser(prog).parse_args(own)
+    if record and not ns.smoke:
+        raise LaunchError("`record` writes the expected metrics of a smoke profile: add --smoke (and --cpu on CPU).")
+    return runner.launch(options_from(ns, extra), dry_run=ns.dry_run, record=record)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""`python -m launch doctor [RECIPE]`: installed versions against the pins, feature floors, GPUs, flash-attn.
+
+The container runs these checks at start (LAUNCH_DOCTOR_AT_START=1) so that a broken image stops with a clear
+message before any training begins.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+
+from packaging.version import Version
+
+from launch import REPO_ROOT
+
+PINS_FILE = REPO_ROOT / "requirements" / "pins.txt"
+# What doctor reports, in this order. The GPU-only ones are absent from the CPU CI venv by design.
+REPORTED = ["torch", "transformers", "accelerate", "deepspeed", "trl", "datasets", "flash-attn", "liger-kernel", "trackio"]
+GPU_ONLY = {"flash-attn", "liger-kernel", "trackio"}
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_pins(path=PINS_FILE) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line or line.startswith("-"):
+            continue
+        name, sep, version = line.partition("==")
+        if not sep:
+            raise ValueError(f"{path}: `{line}` is not pinned with ==")
+        pins[normalize(name)] = version.strip()
+    return pins
+
+
+def installed_versions(names=REPORTED) -> dict[str, str | None]:
+    out = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def gpu_info() -> tuple[int, list[str]]:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return 0, []
+        n = torch.cuda.device_count()
+        return n, [torch.cuda.get_device_name(i) for i in range(n)]
+    except Exception:  # noqa: BLE001 - a broken CUDA setup reads as no GPU; doctor says so
+        return 0, []
+
+
+def torch_build() -> str:
+    try:
+        import torch
+
+        cuda = torch.version.cuda or "none (CPU build)"
+        nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda and torch.cuda.is_available() else "n/a"
+        return f"CUDA {cuda}, NCCL {nccl}"
+    except Exception as e:  # noqa: BLE001
+        return f"torch unusable: {e}"
+
+
+def same_version(installed: str, pinned: str) -> bool:
+    # torch's CPU and CUDA wheels carry a local label (+cpu, +cu130); the pin names the release.
+    return Version(Version(installed).public) == Version(Version(pinned).public)
+
+
+def version_problems(versions: dict, pins: dict, strict: bool) -> list[str]:
+    """strict (in the image): the GPU-only packages must be installed too."""
+    problems = []
+    for name, have in versions.items():
+        pinned = pins.get(normalize(name))
+        if pinned is None:
+            problems.append(f"{name} has no pin in {PINS_FILE.name}")
+        elif have is None:
+            if name not in GPU_ONLY or strict:
+                problems.append(f"{name} is not installed (pinned {pinned})")
+        elif not same_version(have, pinned):
+            problems.append(f"{name} {have} is installed but {pinned} is pinned")
+    return problems
+
+
+def flash_attn_problem() -> str | None:
+    try:
+        import flash_attn  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - an ABI mismatch raises ImportError or OSError (undefined symbol)
+        return (
+            f"flash-attn does not import ({type(e).__name__}: {e}). A flash-attn built for another torch fails "
+            "with an undefined symbol; rebuild it against the installed torch (see the Dockerfile)."
+        )
+    return None
+
+
+def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, out=print) -> int:
+    """Print the report; return the number of problems (the exit status is non-zero when there are any)."""
+    from launch import rules
+
+    versions = installed_versions() if versions is None else versions
+    pins = read_pins() if pins is None else pins
+    gpu_count, gpu_names = gpu_info() if gpus is None else (len(gpus), list(gpus))
+    problems = version_problems(versions, pins, strict)
+
+    out(f"{'package':<14} {'installed':<14} {'pinned':<14}")
+    for name, have in versions.items():
+        out(f"{name:<14} {str(have or '-'):<14} {pins.get(normalize(name), '-'):<14}")
+    out(f"torch build    {torch_build()}")
+    out(f"GPUs           {gpu_count}" + (f" ({', '.join(sorted(set(gpu_names)))})" if gpu_names else ""))
+
+    if setup is not None:
+        facts = rules.Facts(versions=versions, gpu_count=gpu_count)
+        out(f"recipe         {setup.recipe.name}: {setup.plan.strategy}, features: {', '.join(rules.features(setup)) or 'none'}")
+        for fn in (rules.version_floors, rules.enough_gpus):
+            if msg := fn(setup, facts):
+                problems.append(msg)
+        if not setup.options.cpu and str(setup.training.get("attn_implementation", "")).startswith("flash_attention"):
+            if msg := flash_attn_problem():
+                problems.append(msg)
+    for p in problems:
+        out(f"PROBLEM: {p}")
+    out("doctor: ok" if not problems else f"doctor: {len(problems)} problem(s)")
+    return len(problems)

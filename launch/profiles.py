@@ -1,0 +1,57 @@
+"""Profiles: what `--smoke` and `--cpu` change in a recipe's training arguments.
+
+The GPU path and the CPU path run the same train.py with the same configs; these overrides are the only
+differences: device, precision, attention kernel and model size (plus the few steps of a smoke run).
+"""
+
+from __future__ import annotations
+
+from launch import smoke
+
+# A smoke run: the tiny offline model and dataset, few steps, a loss and grad_norm logged at every step.
+SMOKE_TRAINING = {
+    "max_steps": 12,
+    "logging_steps": 1,
+    "per_device_train_batch_size": 4,
+    "gradient_accumulation_steps": 1,
+    "learning_rate": 3.0e-3,
+    "lr_scheduler_type": "constant",
+    "warmup_steps": 0,
+    "max_length": 128,
+    "save_strategy": "no",
+    "eval_strategy": "no",
+    "report_to": "none",
+    "seed": 42,
+    "dataloader_num_workers": 0,
+    "dataset_num_proc": 1,
+}
+
+# On CPU: fp32, PyTorch's SDPA kernel (FlashAttention is CUDA-only), no Triton kernels (Liger).
+CPU_TRAINING = {
+    "use_cpu": True,
+    "bf16": False,
+    "fp16": False,
+    "dtype": "float32",
+    "use_liger_kernel": False,
+}
+CPU_ACCELERATE = {"mixed_precision": "no"}
+CUDA_ONLY_ATTENTION = ("flash_attention_2", "flash_attention_3", "kernels-community/vllm-flash-attn3")
+
+
+def profile_name(smoke_run: bool, cpu: bool) -> str:
+    return f"{'smoke' if smoke_run else 'full'}-{'cpu' if cpu else 'gpu'}"
+
+
+def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print) -> dict:
+    out: dict = {}
+    if smoke_run:
+        assets = smoke.ensure_smoke_assets(progress=progress)
+        out.update(SMOKE_TRAINING)
+        out["model_name_or_path"] = assets["model"]
+        out["dataset_name"] = assets["data"]
+        out["dtype"] = "bfloat16" if not cpu else "float32"
+    if cpu:
+        out.update(CPU_TRAINING)
+        if config.get("attn_implementation") in CUDA_ONLY_ATTENTION:
+            out["attn_implementation"] = "sdpa"
+    return out

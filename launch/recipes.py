@@ -1,0 +1,141 @@
+"""Discovering recipe folders and reading their two configs (TRL's `--config` YAML and Accelerate's YAML).
+
+A recipe is a folder under recipes/ holding config.yaml, train.py, expected_metrics.json and README.md. Its
+config.yaml names the Accelerate config it runs with (`accelerate_config:`), relative to the repository root
+or to the recipe folder.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import yaml
+
+from launch import REPO_ROOT
+
+RECIPES_DIR = REPO_ROOT / "recipes"
+RECIPE_FILES = ("config.yaml", "train.py", "expected_metrics.json", "README.md")
+
+
+class LaunchError(Exception):
+    """A problem found before any process starts; its message is one paragraph meant for the user."""
+
+
+def load_yaml(path: Path) -> dict:
+    """Read a YAML mapping; a syntax error names the file and line."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise LaunchError(f"{path} does not exist.") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(e, "problem", None) or str(e)
+        raise LaunchError(f"{where}: malformed YAML ({problem}). Fix the file and run again.") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise LaunchError(f"{path}: expected a YAML mapping of keys to values, got {type(data).__name__}.")
+    return data
+
+
+@dataclass
+class Recipe:
+    name: str
+    path: Path
+    config: dict = field(repr=False)
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def train_script(self) -> Path:
+        return self.path / "train.py"
+
+    @property
+    def expected_metrics_path(self) -> Path:
+        return self.path / "expected_metrics.json"
+
+    @property
+    def accelerate_config_path(self) -> Path:
+        ref = self.config.get("accelerate_config")
+        if not ref:
+            raise LaunchError(
+                f"{self.config_path} has no `accelerate_config:` key. Add the path of the Accelerate config this "
+                "recipe runs with, e.g. `accelerate_config: accelerate_configs/multi_gpu.yaml`."
+            )
+        for base in (REPO_ROOT, self.path):
+            candidate = (base / ref).resolve()
+            if candidate.is_file():
+                return candidate
+        raise LaunchError(
+            f"{self.config_path}: accelerate_config `{ref}` was found neither under {REPO_ROOT} nor under {self.path}."
+        )
+
+    @cached_property
+    def accelerate(self) -> dict:
+        return load_yaml(self.accelerate_config_path)
+
+    @property
+    def description(self) -> str:
+        """The first paragraph after the README title: what the recipe is for."""
+        readme = self.path / "README.md"
+        if not readme.is_file():
+            return ""
+        lines = [line.strip() for line in readme.read_text().splitlines()]
+        body = [line for line in lines if line and not line.startswith("#")]
+        return body[0] if body else ""
+
+    def expected_metrics(self) -> dict:
+        if not self.expected_metrics_path.is_file():
+            return {}
+        return json.loads(self.expected_metrics_path.read_text())
+
+    def load_train_module(self):
+        """Import the recipe's train.py (cheap: its heavy imports live inside functions)."""
+        spec = importlib.util.spec_from_file_location(f"recipe_train_{self.name.replace('-', '_')}", self.train_script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+
+def recipe_dirs() -> list[Path]:
+    if not RECIPES_DIR.is_dir():
+        return []
+    return sorted(p for p in RECIPES_DIR.iterdir() if p.is_dir() and (p / "config.yaml").is_file())
+
+
+def recipe_names() -> list[str]:
+    return [p.name for p in recipe_dirs()]
+
+
+def find_recipe(name: str) -> Recipe:
+    """Resolve a recipe by name (a folder under recipes/) or by a path to a recipe folder."""
+    path = Path(name)
+    if path.is_dir() and (path / "config.yaml").is_file():
+        folder = path.resolve()
+    elif (RECIPES_DIR / name / "config.yaml").is_file():
+        folder = RECIPES_DIR / name
+    else:
+        names = recipe_names()
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.4)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise LaunchError(
+            f"Unknown recipe `{name}`.{hint} Recipes are the folders under {RECIPES_DIR} that hold a config.yaml; "
+            "`python -m launch list` shows them all."
+        )
+    missing = [f for f in RECIPE_FILES if not (folder / f).is_file()]
+    if missing:
+        raise LaunchError(
+            f"Recipe folder {folder} lacks {', '.join(missing)}. A recipe folder holds {', '.join(RECIPE_FILES)}; "
+            "copy an existing recipe folder to start a new one."
+        )
+    return Recipe(name=folder.name, path=folder, config=load_yaml(folder / "config.yaml"))

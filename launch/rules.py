@@ -1,0 +1,219 @@
+"""Validity rules, checked before any process starts. Each rule is written once, here, and used by the
+preflight (`python -m launch`), by `doctor`, and by the tests (tests/test_rules.py shows every message).
+
+A rule takes the resolved `Setup` and the `Facts` of this machine and returns None when satisfied, or one
+paragraph saying what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from packaging.version import Version
+
+from launch.recipes import LaunchError
+
+# Version floors per feature (sources in ../shared/REFERENCE.md; also read by `launch doctor`).
+FLOORS = {
+    "deepspeed": {"deepspeed": "0.15.0"},
+    "fsdp2": {"torch": "2.6.0", "accelerate": "1.7.0"},
+    "context_parallel": {"torch": "2.6.0", "accelerate": "1.11.0"},
+    "sequence_parallel": {"accelerate": "1.12.0", "deepspeed": "0.18.2", "transformers": "5.0.0"},
+}
+# Releases known to be broken for a feature, with why.
+BROKEN = {
+    "deepspeed": {("transformers", "5.1.0"): "transformers 5.1.0 is broken with DeepSpeed (TRL excludes it)"},
+}
+# Keys every recipe config must set (the GPU defaults a user runs).
+REQUIRED_KEYS = ("accelerate_config", "model_name_or_path", "output_dir")
+
+
+@dataclass
+class Facts:
+    """What this machine has, gathered once (tests pass their own)."""
+
+    versions: dict = field(default_factory=dict)  # distribution name -> version string, or None if absent
+    gpu_count: int = 0
+    model_config: dict | None = None  # the model's config.json, when it can be read locally
+    training_fields: frozenset = frozenset()  # every key the recipe's TRL parser accepts
+
+
+RULES: list[Callable] = []
+
+
+def rule(fn):
+    RULES.append(fn)
+    return fn
+
+
+def features(setup) -> list[str]:
+    acc = setup.accelerate
+    out = []
+    if acc.get("distributed_type") == "DEEPSPEED":
+        out.append("deepspeed")
+    if acc.get("distributed_type") == "FSDP" and int((acc.get("fsdp_config") or {}).get("fsdp_version", 1)) == 2:
+        out.append("fsdp2")
+    if setup.plan.mesh.get("cp", 1) > 1:
+        out.append("context_parallel")
+    if setup.plan.mesh.get("sp", 1) > 1:
+        out.append("sequence_parallel")
+    return out
+
+
+def _public(version: str) -> Version:
+    return Version(Version(version).public)
+
+
+@rule
+def config_keys_known(setup, facts: Facts):
+    if not facts.training_fields:
+        return None
+    allowed = set(facts.training_fields) | {"env"}
+    problems = []
+    for source, keys in (
+        (str(setup.recipe.config_path), setup.recipe.config.keys()),
+        ("the training arguments after `--`", [k for k in setup.training_overrides if k not in setup.recipe.config]),
+    ):
+        for key in keys:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, sorted(allowed), n=2)
+                hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+                problems.append(f"`{key}` in {source}{hint}")
+    if problems:
+        return (
+            "Unknown training argument(s): " + "; ".join(problems) + ". Keys must be fields of TRL's SFTConfig, "
+            "ModelConfig, ScriptArguments or the recipe's RecipeArguments (see its train.py)."
+        )
+    return None
+
+
+@rule
+def config_keys_required(setup, facts: Facts):
+    missing = [k for k in REQUIRED_KEYS if setup.recipe.config.get(k) in (None, "")]
+    if not (setup.training.get("dataset_name") or setup.training.get("datasets")):
+        missing.append("dataset_name")
+    if missing:
+        return (
+            f"{setup.recipe.config_path} is missing required key(s): {', '.join(missing)}. A recipe's config.yaml "
+            "holds the GPU defaults a user runs: the Accelerate config, the model, the dataset and the output folder."
+        )
+    return None
+
+
+@rule
+def processes_fit_layout(setup, facts: Facts):
+    plan = setup.plan
+    if plan.world_size < 1:
+        return f"num_processes is {plan.world_size}; it must be at least 1."
+    if plan.world_size % plan.num_machines:
+        return (
+            f"{plan.world_size} processes cannot be spread evenly over {plan.num_machines} machines; "
+            "num_processes counts processes on all machines together."
+        )
+    if setup.accelerate.get("parallelism_config"):
+        m = plan.mesh
+        product = m["dp_replicate"] * m["dp_shard"] * m["tp"] * m["cp"] * m["sp"]
+        if product != plan.world_size:
+            dims = " x ".join(f"{k}={v}" for k, v in m.items())
+            return (
+                f"The recipe's parallel layout ({dims} = {product}) does not use {plan.world_size} processes: "
+                "dp_replicate x dp_shard x tp x cp x sp must equal the number of processes. Pass a matching "
+                "--num-processes, or change the mesh sizes (--dp-shard-size, --sp-size, --cp-size ...)."
+            )
+    return None
+
+
+@rule
+def enough_gpus(setup, facts: Facts):
+    if setup.options.cpu:
+        return None
+    needed = setup.plan.processes_per_machine
+    if facts.gpu_count < needed:
+        seen = f"{facts.gpu_count} GPU(s) are visible" if facts.gpu_count else "no GPU is visible"
+        return (
+            f"The recipe asks for {needed} GPU(s) on this machine but {seen}. Use --num-processes "
+            f"{facts.gpu_count or 1} with a matching layout, check CUDA_VISIBLE_DEVICES and the container's GPU "
+            "reservation, or run the smoke profile on CPU with --smoke --cpu."
+        )
+    return None
+
+
+def floor_problems(feature_names, versions: dict) -> list[str]:
+    problems = []
+    for feature in feature_names:
+        for package, floor in FLOORS.get(feature, {}).items():
+            have = versions.get(package)
+            if have is None:
+                problems.append(f"{feature.replace('_', ' ')} needs {package}>={floor}, which is not installed")
+            elif _public(have) < Version(floor):
+                problems.append(f"{feature.replace('_', ' ')} needs {package}>={floor}, found {have}")
+        for (package, bad), why in BROKEN.get(feature, {}).items():
+            if versions.get(package) and _public(versions[package]) == Version(bad):
+                problems.append(why)
+    return problems
+
+
+@rule
+def version_floors(setup, facts: Facts):
+    problems = floor_problems(features(setup), facts.versions)
+    if problems:
+        return "Installed versions are below what this recipe needs: " + "; ".join(problems) + (
+            ". Install the pinned versions (requirements/pins.txt; `bash ci/test.sh` or the container does)."
+        )
+    return None
+
+
+@rule
+def precision_fits_device(setup, facts: Facts):
+    if setup.options.cpu and (setup.training.get("bf16") or setup.training.get("fp16")):
+        return (
+            "bf16/fp16 mixed precision was asked for a CPU run; the CPU path trains in fp32 "
+            "(transformers would stop with \"Your setup doesn't support bf16/gpu\"). Drop --bf16/--fp16."
+        )
+    return None
+
+
+@rule
+def checkpointing_not_twice(setup, facts: Facts):
+    fsdp = setup.accelerate.get("fsdp_config") or {}
+    # SFTConfig defaults gradient_checkpointing to True, so an unset key counts as on.
+    if fsdp.get("fsdp_activation_checkpointing") and setup.training.get("gradient_checkpointing", True):
+        return (
+            "FSDP activation checkpointing (fsdp_activation_checkpointing in the Accelerate config) and "
+            "gradient_checkpointing in the training arguments cannot both be on (transformers refuses it; TRL's "
+            "SFTConfig defaults gradient_checkpointing to true). Set `gradient_checkpointing: false` in config.yaml."
+        )
+    return None
+
+
+def check(setup, facts: Facts) -> list[str]:
+    """Every broken rule's message (empty when the setup is valid)."""
+    return [msg for fn in RULES if (msg := fn(setup, facts))]
+
+
+def preflight(setup, facts: Facts) -> None:
+    messages = check(setup, facts)
+    if messages:
+        raise LaunchError("\n\n".join(messages))
+
+
+def read_model_config(name_or_path: str | None) -> dict | None:
+    """The model's config.json from a local folder or the local Hugging Face cache; None if not available."""
+    if not name_or_path:
+        return None
+    local = Path(name_or_path) / "config.json"
+    if local.is_file():
+        return json.loads(local.read_text())
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name_or_path, "config.json")
+        if isinstance(cached, str):
+            return json.loads(Path(cached).read_text())
+    except Exception:  # noqa: BLE001 - a missing cache is not an error: the rule is skipped
+        pass
+    return None

@@ -1,0 +1,121 @@
+"""One run from start to verdict: resolve, validate, plan, launch, collect, judge, summarize."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from launch import command, doctor, metrics, rules, supervise
+from launch.recipes import LaunchError
+from launch.resolve import resolve
+
+
+def say(msg: str) -> None:
+    print(f"[launch] {msg}", flush=True)
+
+
+def gather_facts(setup) -> rules.Facts:
+    parser = setup.recipe.load_train_module().make_parser()
+    fields = {f.name for dc in parser.dataclass_types for f in dc.__dataclass_fields__.values()}
+    gpu_count = 0 if setup.options.cpu else doctor.gpu_info()[0]
+    return rules.Facts(
+        versions=doctor.installed_versions(),
+        gpu_count=gpu_count,
+        model_config=rules.read_model_config(setup.training.get("model_name_or_path")),
+        training_fields=frozenset(fields),
+    )
+
+
+def check_output_dir(path: Path) -> None:
+    """An unwritable output folder is found now, not after an hour of training."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise LaunchError(f"The output folder {path} is not writable ({e.strerror}). Pass --output-dir.") from None
+
+
+def child_env(setup) -> dict:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    if setup.options.smoke:
+        # Smoke runs are offline by construction: the model and the data are local files.
+        env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return env
+
+
+def launch(options, dry_run: bool = False, record: bool = False) -> int:
+    setup = resolve(options, progress=say)
+    if os.environ.get("LAUNCH_DOCTOR_AT_START") == "1" and not dry_run:
+        if doctor.run_doctor(setup, strict=True, out=lambda m: say(f"doctor: {m}")):
+            raise LaunchError("The environment check failed (see the PROBLEM lines above); nothing was started.")
+    rules.preflight(setup, gather_facts(setup))
+
+    cmd = command.build_command(setup)
+    say(f"recipe {setup.recipe.name}, profile {setup.profile}")
+    print(setup.plan.describe(), flush=True)
+    print(command.display(cmd), flush=True)
+    if dry_run:
+        return 0
+
+    check_output_dir(setup.output_dir)
+    log_path = setup.output_dir / "launch.log"
+    started = time.time()
+    rc, stopped_by = supervise.run(cmd, log_path, env=child_env(setup))
+    wall = time.time() - started
+
+    history = metrics.read_history(setup.output_dir)
+    observed = metrics.step_metrics(history)
+    verdict = None
+    status = rc
+    if rc != 0:
+        why = f"stopped by {stopped_by}" if stopped_by else f"exited with status {rc}"
+        say(f"training {why}; the full log is {log_path}")
+    elif record:
+        if not observed["loss"]:
+            raise LaunchError(f"The run logged no per-step loss in {setup.output_dir}/trainer_state.json.")
+        path = metrics.record(setup, observed)
+        say(f"recorded {len(observed['loss'])} steps as the expected metrics of {setup.profile} in {path}")
+    elif setup.options.smoke:
+        verdict, status = judge(setup, observed)
+
+    summary = {
+        "recipe": setup.recipe.name,
+        "profile": setup.profile,
+        "command": cmd,
+        "invocation": setup.invocation,
+        "plan": setup.plan.as_dict(),
+        "versions": doctor.installed_versions(),
+        "world_size": setup.plan.world_size,
+        "effective_batch": setup.plan.effective_batch,
+        "wall_time_s": round(wall, 2),
+        **metrics.run_totals(history),
+        "exit_status": rc,
+        "stopped_by": stopped_by,
+        "observed": observed,
+        "verdict": verdict,
+    }
+    (setup.output_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    say(f"summary: {setup.output_dir / 'run_summary.json'}")
+    return status
+
+
+def judge(setup, observed) -> tuple[dict | None, int]:
+    expected_all = setup.recipe.expected_metrics()
+    expected = (expected_all.get("profiles") or {}).get(setup.profile)
+    record_cmd = f"python -m launch record {setup.recipe.name} --smoke{' --cpu' if setup.options.cpu else ''}"
+    if not expected:
+        say(f"no expected metrics for profile {setup.profile} in {setup.recipe.expected_metrics_path}; "
+            f"record them deliberately with `{record_cmd}`")
+        return {"passed": False, "reason": "no expected metrics for this profile"}, 3
+    if expected.get("invocation") != setup.invocation:
+        say(f"not judged: this run's layout {setup.invocation} differs from the recorded one "
+            f"{expected.get('invocation')}")
+        return {"passed": None, "reason": "layout differs from the recorded one"}, 0
+    verdict = metrics.compare(expected, observed, expected_all.get("tolerance"))
+    print(metrics.format_verdict(verdict), flush=True)
+    return verdict, 0 if verdict["passed"] else 1

@@ -1,0 +1,194 @@
+"""Every validity rule shows its message, and bad input stops before any process starts."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+import yaml
+
+from conftest import explain, launch_cli
+from launch import rules
+from launch.doctor import read_pins
+from launch.recipes import RECIPES_DIR, LaunchError, find_recipe
+from launch.resolve import Options, resolve
+
+PINNED = {name: read_pins()[name] for name in ("torch", "transformers", "accelerate", "deepspeed", "trl", "datasets")}
+
+
+def make_recipe(tmp_path, base="zero3", config=None, accelerate=None, name="my-recipe"):
+    """A copy of a real recipe folder, with config.yaml keys and/or its Accelerate config changed."""
+    folder = tmp_path / name
+    shutil.copytree(RECIPES_DIR / base, folder)
+    cfg = yaml.safe_load((folder / "config.yaml").read_text())
+    if accelerate is not None:
+        acc = yaml.safe_load(find_recipe(base).accelerate_config_path.read_text())
+        acc.update(accelerate)
+        (folder / "accelerate.yaml").write_text(yaml.safe_dump(acc))
+        cfg["accelerate_config"] = "accelerate.yaml"
+    for key, value in (config or {}).items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return folder
+
+
+def facts(**kw) -> rules.Facts:
+    fields = frozenset(
+        f.name for dc in find_recipe("ddp").load_train_module().make_parser().dataclass_types
+        for f in dc.__dataclass_fields__.values()
+    )
+    base = dict(versions=dict(PINNED), gpu_count=8, training_fields=fields)
+    base.update(kw)
+    return rules.Facts(**base)
+
+
+def messages(setup, f=None) -> list[str]:
+    return rules.check(setup, f or facts())
+
+
+TESTED_RULES = set()
+
+
+def shows(rule_fn):
+    """Marks a test as the one that shows rule_fn's message."""
+    TESTED_RULES.add(rule_fn.__name__)
+    return lambda test: test
+
+
+def test_real_recipes_pass_every_rule_on_a_machine_with_8_gpus():
+    for name in ("ddp", "zero1", "zero2", "zero3"):
+        assert messages(resolve(Options(recipe=name))) == [], name
+
+
+def test_unknown_recipe_suggests_the_nearest():
+    with pytest.raises(LaunchError, match=r"Unknown recipe `zero4`\. Did you mean zero\d, zero\d, zero\d\?"):
+        find_recipe("zero4")
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    folder = make_recipe(tmp_path)
+    text = (folder / "config.yaml").read_text().splitlines()
+    text.insert(2, "learning_rate: [1e-5")  # an unclosed flow sequence on line 3
+    (folder / "config.yaml").write_text("\n".join(text) + "\n")
+    with pytest.raises(LaunchError, match=r"config\.yaml:\d+:\d+: malformed YAML"):
+        find_recipe(str(folder))
+
+
+@shows(rules.config_keys_known)
+def test_unknown_config_key_suggests_the_field(tmp_path):
+    setup = resolve(Options(recipe=str(make_recipe(tmp_path, config={"learning_rat": 1e-5}))))
+    [msg] = messages(setup)
+    assert "`learning_rat`" in msg and "did you mean learning_rate" in msg
+
+
+@shows(rules.config_keys_known)
+def test_unknown_command_line_training_argument(tmp_path):
+    setup = resolve(Options(recipe="ddp", extra=["--max_stepz", "3"]))
+    [msg] = messages(setup)
+    assert "`max_stepz` in the training arguments after `--`" in msg
+
+
+@shows(rules.config_keys_required)
+def test_missing_required_keys(tmp_path):
+    setup = resolve(Options(recipe=str(make_recipe(tmp_path, config={"model_name_or_path": None, "dataset_name": None}))))
+    [msg] = messages(setup)
+    assert "missing required key(s): model_name_or_path, dataset_name" in msg
+
+
+@shows(rules.processes_fit_layout)
+def test_process_count_the_layout_cannot_use(tmp_path):
+    folder = make_recipe(tmp_path, accelerate={"parallelism_config": {
+        "parallelism_config_dp_replicate_size": 1, "parallelism_config_dp_shard_size": 2,
+        "parallelism_config_sp_size": 2, "parallelism_config_sp_backend": "deepspeed"}})
+    setup = resolve(Options(recipe=str(folder), num_processes=6))
+    msg = rules.processes_fit_layout(setup, facts())
+    assert "(dp_replicate=1 x dp_shard=2 x tp=1 x cp=1 x sp=2 = 4) does not use 6 processes" in msg
+    assert rules.processes_fit_layout(resolve(Options(recipe=str(folder), num_processes=4)), facts()) is None
+
+
+@shows(rules.processes_fit_layout)
+def test_processes_must_spread_evenly_over_machines(tmp_path):
+    folder = make_recipe(tmp_path, accelerate={"num_machines": 3})
+    msg = rules.processes_fit_layout(resolve(Options(recipe=str(folder))), facts())
+    assert "8 processes cannot be spread evenly over 3 machines" in msg
+
+
+@shows(rules.enough_gpus)
+def test_more_gpus_asked_than_present():
+    setup = resolve(Options(recipe="zero3"))
+    [msg] = messages(setup, facts(gpu_count=2))
+    assert "asks for 8 GPU(s) on this machine but 2 GPU(s) are visible" in msg
+    [msg] = messages(setup, facts(gpu_count=0))
+    assert "no GPU is visible" in msg and "--smoke --cpu" in msg
+    assert messages(resolve(Options(recipe="zero3", cpu=True)), facts(gpu_count=0)) == []
+
+
+@shows(rules.version_floors)
+def test_versions_below_a_features_floor():
+    setup = resolve(Options(recipe="zero3"))
+    [msg] = messages(setup, facts(versions={**PINNED, "deepspeed": "0.14.0"}))
+    assert "deepspeed needs deepspeed>=0.15.0, found 0.14.0" in msg
+    [msg] = messages(setup, facts(versions={**PINNED, "transformers": "5.1.0"}))
+    assert "transformers 5.1.0 is broken with DeepSpeed" in msg
+    [msg] = messages(setup, facts(versions={**PINNED, "deepspeed": None}))
+    assert "which is not installed" in msg
+
+
+def test_floors_cover_the_parallelism_features():
+    problems = rules.floor_problems(["sequence_parallel", "context_parallel", "fsdp2"],
+                                    {"accelerate": "1.10.0", "deepspeed": "0.18.1", "transformers": "4.57.0",
+                                     "torch": "2.5.1"})
+    assert "sequence parallel needs accelerate>=1.12.0, found 1.10.0" in problems
+    assert "sequence parallel needs deepspeed>=0.18.2, found 0.18.1" in problems
+    assert "sequence parallel needs transformers>=5.0.0, found 4.57.0" in problems
+    assert "context parallel needs accelerate>=1.11.0, found 1.10.0" in problems
+    assert "fsdp2 needs torch>=2.6.0, found 2.5.1" in problems
+
+
+@shows(rules.precision_fits_device)
+def test_bf16_on_cpu_is_refused():
+    setup = resolve(Options(recipe="ddp", smoke=True, cpu=True, extra=["--bf16", "true"]))
+    [msg] = messages(setup)
+    assert "bf16/fp16 mixed precision was asked for a CPU run" in msg
+
+
+@shows(rules.checkpointing_not_twice)
+def test_fsdp_activation_checkpointing_and_gradient_checkpointing(tmp_path):
+    folder = make_recipe(tmp_path, base="ddp", accelerate={
+        "distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2, "fsdp_activation_checkpointing": True}})
+    [msg] = messages(resolve(Options(recipe=str(folder))))
+    assert "cannot both be on" in msg and "gradient_checkpointing: false" in msg
+    assert messages(resolve(Options(recipe=str(folder), extra=["--gradient_checkpointing", "false"]))) == []
+
+
+def test_every_rule_has_a_test_showing_its_message():
+    assert {fn.__name__ for fn in rules.RULES} <= TESTED_RULES
+
+
+def test_bad_input_fails_before_any_process_starts(tmp_path):
+    started = time.monotonic()
+    proc = launch_cli("zero4", "--smoke", "--cpu")
+    assert proc.returncode == 2, explain(proc)
+    assert "error: Unknown recipe `zero4`. Did you mean" in proc.stderr
+    proc = launch_cli("zero3", "--smoke", "--cpu", "--output-dir", tmp_path / "out", "--", "--learning_rat", "1")
+    assert proc.returncode == 2, explain(proc)
+    assert "Unknown training argument(s)" in proc.stderr
+    assert not (tmp_path / "out").exists(), "nothing may be started or written before validation passes"
+    assert time.monotonic() - started < 60
+
+
+def test_dry_run_prints_command_and_effective_setup():
+    proc = launch_cli("zero3", "--smoke", "--cpu", "--num-processes", "4", "--dry-run", "--",
+                      "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "3")
+    assert proc.returncode == 0, explain(proc)
+    out = proc.stdout
+    assert "DeepSpeed ZeRO-3" in out
+    assert "world size               4 process(es)" in out
+    assert "data-parallel size       4" in out
+    assert "effective global batch   24 sequences" in out  # 2 x 4 x 3
+    assert "tokens per step          at most 3072" in out  # 24 x 128
+    assert "accelerate launch" in out and "--num_processes 4" in out and "recipes/zero3/train.py" in out
