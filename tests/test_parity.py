@@ -1,0 +1,53 @@
+"""Parity between layouts that must train identically (fp32, CPU, same data, same tokens per step).
+
+Measured on the CI machine kind (torch 2.13.0 CPU, 2 cores): the largest per-step differences are written next
+to each tolerance. The tolerances are ~10x the measured values, far tighter than the upstream ones
+(TRL invariant tests: loss 1e-3).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import explain
+
+pytestmark = pytest.mark.slow
+
+STEPS = "6"
+
+
+def _max_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b) and a, (a, b)
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def _observed(smoke_runs, recipe, *args):
+    proc, summary = smoke_runs.run(recipe, *args)
+    assert proc.returncode == 0, explain(proc)
+    return summary["observed"]
+
+
+def test_batch_layouts_are_equivalent(smoke_runs):
+    """The seeds' table (1 GPU x 32 x 1 = 1 x 4 x 8 = 8 x 4 x 1), scaled down: processes x per-device batch x
+    accumulation = 1x8x1, 1x2x4 and 4x2x1 see the same 8 sequences per step and must give the same steps."""
+    base = _observed(smoke_runs, "ddp", "--num-processes", "1", "--max-steps", STEPS, "--",
+                     "--per_device_train_batch_size", "8")
+    for procs, bs, ga in (("1", "2", "4"), ("4", "2", "1")):
+        other = _observed(smoke_runs, "ddp", "--num-processes", procs, "--max-steps", STEPS, "--",
+                          "--per_device_train_batch_size", bs, "--gradient_accumulation_steps", ga)
+        # measured: loss 2.4e-7, grad_norm 1.2e-6 (float32 summation order)
+        assert _max_diff(base["loss"], other["loss"]) < 1e-5, (procs, bs, ga)
+        assert _max_diff(base["grad_norm"], other["grad_norm"]) < 1e-5, (procs, bs, ga)
+
+
+@pytest.mark.parametrize("zero", ["zero1", "zero2", "zero3", "zero3-offload"])
+def test_zero_stages_match_ddp(smoke_runs, zero):
+    """Same layout (2 processes x 4), same data: ZeRO sharding must not change the numbers. REFERENCE.md noted a
+    ~1.5e-3 step-1 loss gap between DeepSpeed and DDP in an earlier trial; with use_cpu set in the training
+    arguments (as the launcher does) the step-1 losses here are equal."""
+    ddp = _observed(smoke_runs, "ddp")
+    other = _observed(smoke_runs, zero)
+    assert ddp["loss"][0] == pytest.approx(other["loss"][0], abs=1e-6)
+    # measured over 12 steps: loss <= 5e-7, grad_norm <= 1e-6 (zero3-offload: DeepSpeedCPUAdam's own Adam step)
+    assert _max_diff(ddp["loss"], other["loss"]) < 1e-5
+    assert _max_diff(ddp["grad_norm"], other["grad_norm"]) < 1e-4
