@@ -24,6 +24,11 @@ class Options:
     output_dir: str | None = None
     max_steps: int | None = None
     extra: list[str] = field(default_factory=list)  # training arguments after `--`
+    # Multi-node: total machines, this machine's rank, and the rendezvous address of machine rank 0.
+    num_machines: int | None = None
+    machine_rank: int | None = None
+    main_process_ip: str | None = None
+    main_process_port: int | None = None
 
 
 @dataclass
@@ -64,6 +69,11 @@ def resolve(options: Options, progress=print) -> Setup:
     accel_overrides: dict = {}
     if num_processes:
         accel_overrides["num_processes"] = int(num_processes)
+    for key in ("num_machines", "machine_rank", "main_process_ip", "main_process_port"):
+        if getattr(options, key) is not None:
+            accel_overrides[key] = getattr(options, key)
+    if options.num_machines and options.num_machines > 1:
+        invocation["num_machines"] = options.num_machines
     for name, size in mesh.items():
         accel_overrides[MESH_KEYS[name]] = int(size)
     if options.cpu:

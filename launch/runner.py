@@ -80,6 +80,8 @@ def launch(options, dry_run: bool = False, record: bool = False) -> int:
             raise LaunchError(f"The run logged no per-step loss in {setup.output_dir}/trainer_state.json.")
         path = metrics.record(setup, observed)
         say(f"recorded {len(observed['loss'])} steps as the expected metrics of {setup.profile} in {path}")
+    elif (setup.options.machine_rank or 0) > 0:
+        say("machine rank > 0: the per-step metrics are logged and judged on machine rank 0")
     elif setup.options.smoke:
         verdict, status = judge(setup, observed)
 

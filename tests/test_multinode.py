@@ -1,0 +1,45 @@
+"""Multi-node on loopback: two launcher invocations on this host, machine ranks 0 and 1 (127.0.0.1, a free
+port), one CPU process each, must train exactly like one machine with 2 processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, explain
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("recipe", ["ddp", "zero3"])
+def test_two_machines_on_loopback_match_one_machine(recipe, tmp_path, smoke_runs):
+    port = str(free_port())
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    procs = []
+    for rank in (1, 0):
+        cmd = [sys.executable, "-m", "launch", recipe, "--smoke", "--cpu", "--num-processes", "2",
+               "--num-machines", "2", "--machine-rank", str(rank), "--main-process-ip", "127.0.0.1",
+               "--main-process-port", port, "--output-dir", str(tmp_path / f"machine{rank}")]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out[-4000:]
+    multi = json.loads((tmp_path / "machine0" / "run_summary.json").read_text())
+    assert multi["plan"]["num_machines"] == 2 and multi["world_size"] == 2
+    proc, single = smoke_runs.run(recipe)  # one machine, 2 processes: the recorded smoke invocation
+    assert proc.returncode == 0, explain(proc)
+    # measured: identical (0.0) per-step losses and grad norms; gloo over loopback reduces in the same order
+    assert multi["observed"]["loss"] == pytest.approx(single["observed"]["loss"], abs=1e-6)
+    assert multi["observed"]["grad_norm"] == pytest.approx(single["observed"]["grad_norm"], abs=1e-6)
