@@ -30,6 +30,9 @@ def run_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--sp-size", type=int, help="override parallelism_config_sp_size (sequence parallelism)")
     p.add_argument("--output-dir", help="where checkpoints, trainer_state.json and run_summary.json go")
     p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
+    p.add_argument("--save-steps", type=int, help="save a checkpoint every N steps (kept: the last 2)")
+    p.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
+                   help="continue from the newest complete checkpoint in the output folder, or from CHECKPOINT")
     p.add_argument("--dry-run", action="store_true", help="print the command and the effective setup, run nothing")
     m = p.add_argument_group("multi-node (defaults from SLURM_NNODES, SLURM_NODEID, MASTER_ADDR, MASTER_PORT)")
     m.add_argument("--num-machines", type=int, default=_env_int("SLURM_NNODES"))
@@ -57,7 +60,8 @@ def options_from(ns, extra):
     mesh = {k: v for k, v in (("dp_replicate", ns.dp_replicate_size), ("dp_shard", ns.dp_shard_size),
                               ("cp", ns.cp_size), ("sp", ns.sp_size)) if v is not None}
     return Options(recipe=ns.recipe, smoke=ns.smoke, cpu=ns.cpu, num_processes=ns.num_processes, mesh=mesh,
-                   output_dir=ns.output_dir, max_steps=ns.max_steps, extra=extra, num_machines=ns.num_machines,
+                   output_dir=ns.output_dir, max_steps=ns.max_steps, save_steps=ns.save_steps, resume=ns.resume,
+                   extra=extra, num_machines=ns.num_machines,
                    machine_rank=ns.machine_rank, main_process_ip=ns.main_process_ip,
                    main_process_port=ns.main_process_port)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launch import REPO_ROOT, profiles
+from launch import REPO_ROOT, checkpoints, profiles
 from launch.plan import MESH_KEYS, Plan, make_plan, parse_cli_overrides
 from launch.recipes import LaunchError, Recipe, find_recipe
 
@@ -23,6 +23,8 @@ class Options:
     mesh: dict = field(default_factory=dict)  # e.g. {"sp": 4, "dp_shard": 2}
     output_dir: str | None = None
     max_steps: int | None = None
+    save_steps: int | None = None
+    resume: str | None = None  # "latest" or a checkpoint folder
     extra: list[str] = field(default_factory=list)  # training arguments after `--`
     # Multi-node: total machines, this machine's rank, and the rendezvous address of machine rank 0.
     num_machines: int | None = None
@@ -91,8 +93,12 @@ def resolve(options: Options, progress=print) -> Setup:
     training_overrides = profiles.training_overrides(config, options.smoke, options.cpu, progress=progress)
     if options.max_steps is not None:
         training_overrides["max_steps"] = options.max_steps
+    if options.save_steps:
+        training_overrides.update(save_strategy="steps", save_steps=options.save_steps, save_total_limit=2)
     output_dir = Path(options.output_dir or cli.get("output_dir") or _default_output_dir(recipe, config, profile))
     training_overrides["output_dir"] = str(output_dir)
+    if options.resume:
+        training_overrides["resume_from_checkpoint"] = str(checkpoints.resolve_resume(output_dir, options.resume))
     training_overrides.update(cli)
     training = {**config, **training_overrides}
 

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from launch import command, doctor, metrics, rules, supervise
+from launch import checkpoints, command, doctor, metrics, rules, supervise
 from launch.recipes import LaunchError
 from launch.resolve import resolve
 
@@ -75,6 +75,12 @@ def launch(options, dry_run: bool = False, record: bool = False) -> int:
     if rc != 0:
         why = f"stopped by {stopped_by}" if stopped_by else f"exited with status {rc}"
         say(f"training {why}; the full log is {log_path}")
+        failure = supervise.failure_summary(log_path)
+        if failure:
+            say(failure)
+        last = checkpoints.newest_complete(setup.output_dir)
+        if last is not None:
+            say(f"last complete checkpoint: {last}; continue with the same command plus --resume")
     elif record:
         if not observed["loss"]:
             raise LaunchError(f"The run logged no per-step loss in {setup.output_dir}/trainer_state.json.")

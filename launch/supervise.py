@@ -8,6 +8,7 @@ prints is also written to OUTPUT_DIR/launch.log, so nothing is lost when a run f
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -76,3 +77,23 @@ def _readable(proc) -> bool:
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     return bool(sel.select(timeout=0))
+
+
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)[^\n]*", re.S)
+_EXCEPTION = re.compile(r"^(?:\[rank(\d+)\]: )?([A-Za-z_.]*(?:Error|Exception|Interrupt)): (.*)$", re.M)
+
+
+def failure_summary(log_path: Path) -> str | None:
+    """Which rank failed first and why, from torchrun's failure report and the ranks' tracebacks."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return None
+    root = _ROOT_CAUSE.search(text)
+    errors = [m for m in _EXCEPTION.finditer(text) if "ChildFailedError" not in m.group(2)]
+    cause = f"{errors[0].group(2)}: {errors[0].group(3).strip()}" if errors else None
+    if root:
+        rank, code = root.group(1), int(root.group(2))
+        how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exit code {code}"
+        return f"first failure: rank {rank} ({how})" + (f": {cause}" if cause else "")
+    return f"failure: {cause}" if cause else None
