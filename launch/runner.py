@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -28,8 +29,11 @@ def gather_facts(setup) -> rules.Facts:
     )
 
 
-def check_output_dir(path: Path) -> None:
-    """An unwritable output folder is found now, not after an hour of training."""
+MIN_FREE_BYTES = int(os.environ.get("LAUNCH_MIN_FREE_MB", "200")) * 2**20
+
+
+def check_output_dir(path: Path, min_free: int = MIN_FREE_BYTES) -> None:
+    """An unwritable or full output folder is found now, not after an hour of training."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write-test"
@@ -37,6 +41,12 @@ def check_output_dir(path: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise LaunchError(f"The output folder {path} is not writable ({e.strerror}). Pass --output-dir.") from None
+    free = shutil.disk_usage(path).free
+    if free < min_free:
+        raise LaunchError(
+            f"Only {free / 2**20:.0f} MiB are free under {path}; checkpoints, logs and the final weights need more "
+            f"(at least {min_free / 2**20:.0f} MiB, LAUNCH_MIN_FREE_MB). Free space or pass another --output-dir."
+        )
 
 
 def child_env(setup) -> dict:
