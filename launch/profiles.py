@@ -34,8 +34,16 @@ CPU_TRAINING = {
     "dtype": "float32",
     "use_liger_kernel": False,
 }
-CPU_ACCELERATE = {"mixed_precision": "no"}
 CUDA_ONLY_ATTENTION = ("flash_attention_2", "flash_attention_3", "kernels-community/vllm-flash-attn3")
+SP_ATTENTION_KEY = "parallelism_config_sp_attn_implementation"
+
+
+def cpu_accelerate(accelerate: dict) -> dict:
+    """Accelerate overrides for CPU: fp32, and SDPA for Ulysses SP (it must equal the model's attention)."""
+    out = {"mixed_precision": "no"}
+    if (accelerate.get("parallelism_config") or {}).get(SP_ATTENTION_KEY) in CUDA_ONLY_ATTENTION:
+        out[SP_ATTENTION_KEY] = "sdpa"
+    return out
 
 
 def profile_name(smoke_run: bool, cpu: bool) -> str:

@@ -79,7 +79,7 @@ def resolve(options: Options, progress=print) -> Setup:
     for name, size in mesh.items():
         accel_overrides[MESH_KEYS[name]] = int(size)
     if options.cpu:
-        accel_overrides.update(profiles.CPU_ACCELERATE)
+        accel_overrides.update(profiles.cpu_accelerate(accelerate))
     for key, value in accel_overrides.items():
         if key.startswith("parallelism_config_"):
             accelerate["parallelism_config"] = {**(accelerate.get("parallelism_config") or {}), key: value}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -190,6 +191,109 @@ def checkpointing_not_twice(setup, facts: Facts):
     return None
 
 
+# ---- Sequence parallelism (ALST/Ulysses, DeepSpeed) -----------------------------------------------------------
+SP_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
+
+
+def _sp(setup) -> int:
+    return setup.plan.mesh.get("sp", 1)
+
+
+def _pc(setup) -> dict:
+    return setup.accelerate.get("parallelism_config") or {}
+
+
+@rule
+def sp_heads_divisible(setup, facts: Facts):
+    sp, cfg = _sp(setup), facts.model_config
+    if sp <= 1 or not cfg:
+        return None
+    q = cfg.get("num_attention_heads")
+    kv = cfg.get("num_key_value_heads") or q
+    problems = []
+    if q and q % sp:
+        # DeepSpeed: "Attention head count {q} is not divisible by SP size {sp}"
+        problems.append(f"its {q} query heads are not divisible by sp_size={sp}")
+    if kv and kv % sp and sp % kv:
+        # DeepSpeed: "KV attention head count {kv} is not divisible by SP size {sp} or vice versa"
+        problems.append(f"its {kv} KV heads neither divide sp_size={sp} nor are divisible by it")
+    if problems:
+        return (f"Ulysses sequence parallelism splits attention heads across the sp group, and the model "
+                f"({setup.training.get('model_name_or_path')}) does not allow sp_size={sp}: {'; '.join(problems)}. "
+                "Choose an sp_size that divides the query heads (--sp-size).")
+    return None
+
+
+@rule
+def sp_sequence_divisible(setup, facts: Facts):
+    sp = _sp(setup)
+    if sp <= 1:
+        return None
+    multiple = setup.training.get("pad_to_multiple_of")
+    if not multiple or int(multiple) % sp:
+        return (f"With sp_size={sp} every batch's sequence length must be divisible by {sp} (DeepSpeed: \"batch's "
+                f"seqlen=L isn't divisible by sp-size={sp}\"); set pad_to_multiple_of to a multiple of {sp} "
+                f"(it is {multiple}).")
+    if setup.options.cpu and int(multiple) != int(setup.training.get("max_length") or 0):
+        return ("On CPU, gloo all-gathers only equal shapes (\"ProcessGroupGloo::allgather: invalid tensor size\"), so "
+                "every SP batch must have the same length: set pad_to_multiple_of equal to max_length "
+                f"({setup.training.get('max_length')}).")
+    return None
+
+
+@rule
+def sp_attention_supported(setup, facts: Facts):
+    if _sp(setup) <= 1:
+        return None
+    model_attn = setup.training.get("attn_implementation")
+    sp_attn = _pc(setup).get("parallelism_config_sp_attn_implementation", model_attn)
+    if model_attn not in SP_ATTENTION or sp_attn not in SP_ATTENTION:
+        return (f"Ulysses sequence parallelism needs FlashAttention 2/3 or SDPA; got attn_implementation="
+                f"{model_attn}, parallelism_config_sp_attn_implementation={sp_attn}. Eager and flex attention are "
+                "refused (their 4D attention mask is dropped).")
+    if model_attn != sp_attn:
+        return (f"attn_implementation ({model_attn}) and parallelism_config_sp_attn_implementation ({sp_attn}) must be "
+                "the same (DeepSpeed: \"core_attn_implementation ... does not match model config attn_implementation\").")
+    return None
+
+
+@rule
+def sp_packing_safe(setup, facts: Facts):
+    if _sp(setup) <= 1:
+        return None
+    t = setup.training
+    if t.get("padding_free") or (t.get("packing") and t.get("packing_strategy", "bfd") != "wrapped"):
+        return ("With sequence parallelism, use `packing_strategy: wrapped` (or no packing) and padding_free off: TRL's "
+                "bfd packing and padding-free batches carry 1-D cu_seq_lens that DeepSpeed's SP data loader cannot "
+                "shard (IndexError in UlyssesSPDataLoaderAdapter.refill). Wrapped rows are plain fixed-length token "
+                "windows; with SDPA, documents that share a row attend to each other, as in any wrapped packing.")
+    return None
+
+
+@rule
+def sp_zero_stage(setup, facts: Facts):
+    if _sp(setup) > 1 and setup.plan.zero_stage not in (1, 2, 3):
+        return (f"Ulysses sequence parallelism runs on DeepSpeed ZeRO stage 1, 2 or 3 (stage {setup.plan.zero_stage} "
+                "crashes, DeepSpeed #7833): use distributed_type DEEPSPEED with zero_stage 1-3.")
+    return None
+
+
+@rule
+def tiled_mlp_needs_deepspeed(setup, facts: Facts):
+    if setup.training.get("tiled_mlp") and setup.accelerate.get("distributed_type") != "DEEPSPEED":
+        return ("`tiled_mlp` needs DeepSpeed (ZeRO stage 1-3): DeepSpeed's TiledMLP accumulates each weight's gradient "
+                "over the tiles and hands it to ZeRO only after the last tile; DDP and FSDP would reduce a partial one.")
+    return None
+
+
+@rule
+def activation_offloading_needs_an_accelerator(setup, facts: Facts):
+    if setup.options.cpu and setup.training.get("activation_offloading"):
+        return ("activation_offloading moves checkpointed activations from the accelerator to host memory; on a CPU run "
+                "there is nothing to offload and TRL's offloader fails at start. Pass `-- --activation_offloading false`.")
+    return None
+
+
 def check(setup, facts: Facts) -> list[str]:
     """Every broken rule's message (empty when the setup is valid)."""
     return [msg for fn in RULES if (msg := fn(setup, facts))]
@@ -214,6 +318,10 @@ def read_model_config(name_or_path: str | None) -> dict | None:
         cached = try_to_load_from_cache(name_or_path, "config.json")
         if isinstance(cached, str):
             return json.loads(Path(cached).read_text())
-    except Exception:  # noqa: BLE001 - a missing cache is not an error: the rule is skipped
+        if os.environ.get("HF_HUB_OFFLINE") != "1":
+            from huggingface_hub import hf_hub_download
+
+            return json.loads(Path(hf_hub_download(name_or_path, "config.json", etag_timeout=10)).read_text())
+    except Exception:  # noqa: BLE001 - an unreachable config only skips the head-count rules
         pass
     return None

@@ -192,3 +192,97 @@ def test_dry_run_prints_command_and_effective_setup():
     assert "effective global batch   24 sequences" in out  # 2 x 4 x 3
     assert "tokens per step          at most 3072" in out  # 24 x 128
     assert "accelerate launch" in out and "--num_processes 4" in out and "recipes/zero3/train.py" in out
+
+
+# ---- sequence parallelism (ALST/Ulysses) ------------------------------------------------------------------------
+QWEN2_05B = {"num_attention_heads": 14, "num_key_value_heads": 2}  # the alst-ulysses-4gpu GPU default
+
+
+def sp_setup(**kw):
+    return resolve(Options(recipe="alst-ulysses-4gpu", **kw))
+
+
+def test_sp_recipes_pass_every_rule_on_a_machine_with_8_gpus():
+    assert messages(sp_setup(), facts(model_config=QWEN2_05B)) == []
+    assert messages(resolve(Options(recipe="alst-ulysses-8gpu")),
+                    facts(model_config={"num_attention_heads": 32, "num_key_value_heads": 8})) == []
+
+
+@shows(rules.processes_fit_layout)
+def test_sp_world_size_is_checked_although_accelerate_skips_it():
+    [msg] = messages(sp_setup(num_processes=8), facts(model_config=QWEN2_05B))
+    assert "x sp=2 = 4) does not use 8 processes" in msg
+
+
+@shows(rules.sp_heads_divisible)
+def test_sp_query_heads_must_divide():
+    [msg] = messages(sp_setup(num_processes=4, mesh={"sp": 4, "dp_shard": 1}, extra=["--pad_to_multiple_of", "4"]),
+                     facts(model_config=QWEN2_05B))
+    assert "its 14 query heads are not divisible by sp_size=4" in msg
+
+
+@shows(rules.sp_heads_divisible)
+def test_sp_kv_heads_must_divide_or_be_divided():
+    cfg = {"num_attention_heads": 12, "num_key_value_heads": 4}
+    [msg] = messages(sp_setup(num_processes=6, mesh={"sp": 6, "dp_shard": 1}, extra=["--pad_to_multiple_of", "6"]),
+                     facts(model_config=cfg))
+    assert "its 4 KV heads neither divide sp_size=6 nor are divisible by it" in msg
+    # KV heads fewer than sp but dividing it are replicated: fine
+    ok = {"num_attention_heads": 8, "num_key_value_heads": 2}
+    assert messages(sp_setup(num_processes=4, mesh={"sp": 4, "dp_shard": 1}, extra=["--pad_to_multiple_of", "4"]),
+                    facts(model_config=ok)) == []
+
+
+@shows(rules.sp_sequence_divisible)
+def test_sp_sequence_length_divisible():
+    [msg] = messages(sp_setup(extra=["--pad_to_multiple_of", "3"]), facts(model_config=QWEN2_05B))
+    assert "set pad_to_multiple_of to a multiple of 2 (it is 3)" in msg
+
+
+@shows(rules.sp_sequence_divisible)
+def test_sp_on_cpu_needs_equal_lengths():
+    [msg] = messages(sp_setup(smoke=True, cpu=True, num_processes=4, extra=["--pad_to_multiple_of", "2"]))
+    assert "gloo all-gathers only equal shapes" in msg and "set pad_to_multiple_of equal to max_length (128)" in msg
+
+
+@shows(rules.sp_attention_supported)
+def test_sp_refuses_eager_attention():
+    [msg] = messages(sp_setup(extra=["--attn_implementation", "eager"]), facts(model_config=QWEN2_05B))
+    assert "Eager and flex attention are refused" in msg
+
+
+@shows(rules.sp_attention_supported)
+def test_sp_attention_must_match_the_models():
+    [msg] = messages(sp_setup(extra=["--attn_implementation", "sdpa"]), facts(model_config=QWEN2_05B))
+    assert "attn_implementation (sdpa) and parallelism_config_sp_attn_implementation (flash_attention_2)" in msg
+    # on CPU the launcher switches both sides to SDPA
+    assert sp_setup(smoke=True, cpu=True).accelerate["parallelism_config"][
+        "parallelism_config_sp_attn_implementation"] == "sdpa"
+
+
+@shows(rules.sp_packing_safe)
+def test_sp_packing_strategy():
+    [msg] = messages(sp_setup(extra=["--packing_strategy", "bfd"]), facts(model_config=QWEN2_05B))
+    assert "use `packing_strategy: wrapped`" in msg and "documents that share a row attend to each other" in msg
+
+
+@shows(rules.sp_zero_stage)
+def test_sp_needs_zero_stage_1_to_3(tmp_path):
+    acc = yaml.safe_load(find_recipe("alst-ulysses-4gpu").accelerate_config_path.read_text())
+    acc["deepspeed_config"]["zero_stage"] = 0
+    folder = make_recipe(tmp_path, base="alst-ulysses-4gpu", accelerate=acc)
+    [msg] = messages(resolve(Options(recipe=str(folder))), facts(model_config=QWEN2_05B))
+    assert "ZeRO stage 1, 2 or 3 (stage 0 crashes" in msg
+
+
+@shows(rules.tiled_mlp_needs_deepspeed)
+def test_tiled_mlp_needs_deepspeed():
+    [msg] = messages(resolve(Options(recipe="ddp", extra=["--tiled_mlp", "true"])))
+    assert "`tiled_mlp` needs DeepSpeed" in msg
+
+
+@shows(rules.activation_offloading_needs_an_accelerator)
+def test_activation_offloading_on_cpu_is_refused():
+    msgs = messages(resolve(Options(recipe="alst-ulysses-8gpu", smoke=True, cpu=True, num_processes=4,
+                                    mesh={"sp": 4}, extra=["--pad_to_multiple_of", "128"])))
+    assert any("Pass `-- --activation_offloading false`" in m for m in msgs)
