@@ -16,7 +16,6 @@ from typing import Callable
 
 from packaging.version import Version
 
-from launch.recipes import LaunchError
 
 # Version floors per feature (sources in ../shared/REFERENCE.md; also read by `launch doctor`).
 FLOORS = {
@@ -294,15 +293,86 @@ def activation_offloading_needs_an_accelerator(setup, facts: Facts):
     return None
 
 
+# ---- Ring-attention context parallelism (FSDP2) ------------------------------------------------------------------
+def _cp(setup) -> int:
+    return setup.plan.mesh.get("cp", 1)
+
+
+@rule
+def cp_and_sp_exclusive(setup, facts: Facts):
+    if _cp(setup) > 1 and _sp(setup) > 1:
+        return ("Context parallelism (cp_size) and sequence parallelism (sp_size) cannot be combined (Accelerate: "
+                "\"Context Parallelism (CP) and Sequence Parallelism (SP) are mutually exclusive\"). Pick one.")
+    return None
+
+
+@rule
+def cp_needs_fsdp2(setup, facts: Facts):
+    acc = setup.accelerate
+    if _cp(setup) > 1 and not (acc.get("distributed_type") == "FSDP"
+                               and int((acc.get("fsdp_config") or {}).get("fsdp_version", 1)) == 2):
+        return ("Ring-attention context parallelism runs on FSDP2 only: set distributed_type: FSDP and "
+                "fsdp_config.fsdp_version: 2 in the Accelerate config (Accelerate: \"Using `cp_size>1` requires FSDP2\").")
+    return None
+
+
+@rule
+def cp_sequence_divisible(setup, facts: Facts):
+    cp = _cp(setup)
+    if cp <= 1:
+        return None
+    multiple = setup.training.get("pad_to_multiple_of")
+    if not multiple or int(multiple) % (2 * cp):
+        return (f"With cp_size={cp} every sequence length must be divisible by 2 x cp_size = {2 * cp}: torch's "
+                "head-tail load balancing cuts it into 2 x cp chunks (a length not divisible by cp makes the "
+                "collectives fail; one divisible by cp only silently unbalances the work). Set pad_to_multiple_of "
+                f"to a multiple of {2 * cp} (it is {multiple}).")
+    return None
+
+
+@rule
+def cp_attention_sdpa(setup, facts: Facts):
+    attn = setup.training.get("attn_implementation")
+    if _cp(setup) > 1 and attn != "sdpa":
+        return (f"Ring-attention context parallelism supports SDPA attention only, not {attn} (transformers: "
+                "\"Context parallelism is supported only with SDPA attention\"). Set attn_implementation: sdpa.")
+    return None
+
+
+@rule
+def cp_causal_only(setup, facts: Facts):
+    cfg = facts.model_config or {}
+    if _cp(setup) <= 1:
+        return None
+    layer_types = cfg.get("layer_types") or []
+    sliding = cfg.get("use_sliding_window") or any("sliding" in str(t) for t in layer_types)
+    if sliding:
+        return (f"The model ({setup.training.get('model_name_or_path')}) uses sliding-window attention; context "
+                "parallelism only computes full causal attention and would silently widen the window (accelerate PR "
+                "#4177 refuses it). Use a model without sliding-window layers, or Ulysses SP.")
+    return None
+
+
+@rule
+def cp_no_packing(setup, facts: Facts):
+    if _cp(setup) > 1 and (setup.training.get("packing") or setup.training.get("padding_free")):
+        return ("Packing is not compatible with context parallelism (TRL: \"Packing is not compatible with context "
+                "parallelism (`cp_size > 1`)\"): CP drops the per-layer attention mask, so packed documents would "
+                "attend to each other. Set packing: false and use samples as long as the sequence length.")
+    return None
+
+
+@rule
+def cp_no_param_offload_on_cpu(setup, facts: Facts):
+    if _cp(setup) > 1 and setup.options.cpu and (setup.accelerate.get("fsdp_config") or {}).get("fsdp_offload_params"):
+        return ("fsdp_offload_params moves parameters from the accelerator to host memory; on a CPU run it fails "
+                "(\"Cannot access accelerator device when none is available\"). Set it false for CPU runs.")
+    return None
+
+
 def check(setup, facts: Facts) -> list[str]:
     """Every broken rule's message (empty when the setup is valid)."""
     return [msg for fn in RULES if (msg := fn(setup, facts))]
-
-
-def preflight(setup, facts: Facts) -> None:
-    messages = check(setup, facts)
-    if messages:
-        raise LaunchError("\n\n".join(messages))
 
 
 def read_model_config(name_or_path: str | None) -> dict | None:

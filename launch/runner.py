@@ -63,13 +63,17 @@ def launch(options, dry_run: bool = False, record: bool = False) -> int:
     if os.environ.get("LAUNCH_DOCTOR_AT_START") == "1" and not dry_run:
         if doctor.run_doctor(setup, strict=True, out=lambda m: say(f"doctor: {m}")):
             raise LaunchError("The environment check failed (see the PROBLEM lines above); nothing was started.")
-    rules.preflight(setup, gather_facts(setup))
+    problems = rules.check(setup, gather_facts(setup))
+    if problems and not dry_run:
+        raise LaunchError("\n\n".join(problems))
 
     cmd = command.build_command(setup)
     say(f"recipe {setup.recipe.name}, profile {setup.profile}")
     print(setup.plan.describe(), flush=True)
     print(command.display(cmd), flush=True)
     if dry_run:
+        if problems:  # the plan is still worth seeing, e.g. an 8-GPU recipe planned on a laptop
+            raise LaunchError("the plan above would not start:\n\n" + "\n\n".join(problems))
         return 0
 
     check_output_dir(setup.output_dir)

@@ -35,7 +35,7 @@ SMOKE_SPEC = {
         "tie_word_embeddings": False,
         "init_seed": 1234,
     },
-    "data": {"num_train": 512, "min_items": 3, "max_items": 12, "seed": 4321},
+    "data": {"num_train": 512, "num_test": 32, "min_items": 3, "max_items": 12, "seed": 4321},
 }
 
 NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -122,11 +122,12 @@ def build_model(tokenizer):
     return Qwen3ForCausalLM(config)
 
 
-def build_examples() -> list[dict]:
+def build_examples(split: str = "train") -> list[dict]:
     spec = SMOKE_SPEC["data"]
-    rng = random.Random(spec["seed"])
+    # The test split has its own stream, so adding it left the training examples unchanged.
+    rng = random.Random(spec["seed"] if split == "train" else spec["seed"] + 1)
     examples = []
-    for _ in range(spec["num_train"]):
+    for _ in range(spec[f"num_{split}"]):
         n = rng.randint(spec["min_items"], spec["max_items"])
         values = [rng.randrange(10) for _ in range(n)]
         question = "sort these numbers : " + " , ".join(NUMBER_WORDS[v] for v in values)
@@ -151,9 +152,10 @@ def ensure_smoke_assets(progress=print) -> dict[str, str]:
         model.save_pretrained(tmp / "model", safe_serialization=True)
         tokenizer.save_pretrained(tmp / "model")
         (tmp / "data").mkdir()
-        with open(tmp / "data" / "train.jsonl", "w") as f:
-            for ex in build_examples():
-                f.write(json.dumps(ex) + "\n")
+        for split in ("train", "test"):
+            with open(tmp / "data" / f"{split}.jsonl", "w") as f:
+                for ex in build_examples(split):
+                    f.write(json.dumps(ex) + "\n")
         (tmp / "spec.json").write_text(json.dumps(SMOKE_SPEC, indent=2))
         (tmp / "COMPLETE").write_text("")
         try:

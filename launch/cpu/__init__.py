@@ -1,10 +1,17 @@
 """Everything that exists only so that the real distributed path runs on CPU (gloo, no CUDA kernels).
 
-`train.py` imports this package only when `use_cpu` is set; nothing on the GPU path imports it. Each
-workaround lives in its own module, names the upstream behaviour it works around, and has a test that fails
-without it.
+`train.py` imports this package only when `use_cpu` is set; nothing on the GPU path imports it. Each workaround
+lives in its own module, names the upstream behaviour it works around, and has a test:
+- context_parallel: ring-attention CP through Accelerate + FSDP2 with a CPU SDPA kernel (tests/test_cpu_cp_attention.py);
+- gloo_alltoall: torch.distributed.nn's all-to-all inside a subgroup on gloo, for 2D SP (tests/test_cpu_gloo_alltoall.py);
+- gloo_exit: a rank aborting at interpreter exit after a successful run (tests/test_cpu_cp_attention.py uses it).
 """
 
 
 def enable_cpu_path(training_args) -> None:
-    """Apply the CPU-only workarounds that this run's parallel layout needs. Called at the top of train.py."""
+    """Apply the CPU-only workarounds. Each is inert unless its layout (CP, SP subgroups) is in use."""
+    from launch.cpu import context_parallel, gloo_alltoall, gloo_exit
+
+    context_parallel.enable()
+    gloo_alltoall.install()
+    gloo_exit.let_gloo_workers_finish_at_exit()
