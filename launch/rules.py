@@ -285,14 +285,6 @@ def tiled_mlp_needs_deepspeed(setup, facts: Facts):
     return None
 
 
-@rule
-def activation_offloading_needs_an_accelerator(setup, facts: Facts):
-    if setup.options.cpu and setup.training.get("activation_offloading"):
-        return ("activation_offloading moves checkpointed activations from the accelerator to host memory; on a CPU run "
-                "there is nothing to offload and TRL's offloader fails at start. Pass `-- --activation_offloading false`.")
-    return None
-
-
 # ---- Ring-attention context parallelism (FSDP2) ------------------------------------------------------------------
 def _cp(setup) -> int:
     return setup.plan.mesh.get("cp", 1)

@@ -141,7 +141,9 @@ def test_tiled_loss_matches_full_logits_loss(pre_shifted, monkeypatch):
 
 
 def test_activation_offload_with_checkpointing_and_tiled_mlp_matches_plain():
-    from trl.models import activation_offloading
+    from trl.trainer import sft_trainer
+
+    from launch.cpu import activation_offload
 
     input_ids, labels = _batch()
     plain = _tiny_model()
@@ -149,8 +151,8 @@ def test_activation_offload_with_checkpointing_and_tiled_mlp_matches_plain():
     for model in (plain, alst):
         model.activation_checkpointing_enable()
 
-    with mock.patch.object(torch.accelerator, "current_accelerator", lambda *args, **kwargs: torch.device("cpu")):
-        offload = activation_offloading.get_act_offloading_ctx_manager(alst, use_pin_memory=False, use_streams=False)
+    activation_offload.install()  # what a CPU run's SFTTrainer gets (launch/cpu/activation_offload.py)
+    offload = sft_trainer.get_act_offloading_ctx_manager(alst)
     moved = []
     pack = offload.pack_hook
 

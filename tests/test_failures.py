@@ -124,9 +124,9 @@ def test_ctrl_c_stops_every_rank_keeps_the_checkpoint_and_says_how_to_resume(tmp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["ddp", "zero3"])
+@pytest.mark.parametrize("recipe", ["ddp", "zero3", "ring-cp-2gpu"])
 def test_final_weights_reload_in_plain_transformers(recipe, tmp_path):
-    """OUTPUT_DIR/final holds full weights (gathered from ZeRO-3 shards) and the tokenizer: loaded in one process,
+    """OUTPUT_DIR/final holds full weights (gathered from ZeRO-3 or FSDP2 shards) and the tokenizer: loaded in one process,
     the model gives the eval loss that the trained, distributed model logged at the last step."""
     import torch
     from datasets import load_dataset

@@ -281,13 +281,6 @@ def test_tiled_mlp_needs_deepspeed():
     assert "`tiled_mlp` needs DeepSpeed" in msg
 
 
-@shows(rules.activation_offloading_needs_an_accelerator)
-def test_activation_offloading_on_cpu_is_refused():
-    msgs = messages(resolve(Options(recipe="alst-ulysses-8gpu", smoke=True, cpu=True, num_processes=4,
-                                    mesh={"sp": 4}, extra=["--pad_to_multiple_of", "128"])))
-    assert any("Pass `-- --activation_offloading false`" in m for m in msgs)
-
-
 # ---- ring-attention context parallelism --------------------------------------------------------------------------
 QWEN3_8B = {"num_attention_heads": 32, "num_key_value_heads": 8, "use_sliding_window": False,
             "layer_types": ["full_attention"] * 36}
