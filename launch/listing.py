@@ -28,10 +28,10 @@ def recipe_rows() -> list[dict]:
 
 def print_list() -> int:
     rows = recipe_rows()
-    print(f"{'recipe':<20} {'strategy':<42} {'procs':>5}  {'CPU':<4} purpose")
+    print(f"{'recipe':<20} {'strategy':<52} {'procs':>5}  {'CPU':<4} purpose")
     for r in rows:
         cpu = "yes" if r["cpu_verified"] else "no"
-        print(f"{r['name']:<20} {r['strategy']:<42} {r['processes']:>5}  {cpu:<4} {r['purpose']}")
+        print(f"{r['name']:<20} {r['strategy']:<52} {r['processes']:>5}  {cpu:<4} {r['purpose']}")
     print("\nCPU: the smoke profile runs on CPU (gloo) and meets its recorded expected metrics in CI.")
     return 0
 

@@ -86,13 +86,20 @@ class Recipe:
 
     @property
     def description(self) -> str:
-        """The first paragraph after the README title: what the recipe is for."""
+        """The first sentence of the README's first paragraph after the title: what the recipe is for."""
         readme = self.path / "README.md"
         if not readme.is_file():
             return ""
-        lines = [line.strip() for line in readme.read_text().splitlines()]
-        body = [line for line in lines if line and not line.startswith("#")]
-        return body[0] if body else ""
+        paragraph: list[str] = []
+        for line in readme.read_text().splitlines():
+            line = line.strip()
+            if line.startswith("#") or (not line and not paragraph):
+                continue
+            if not line:
+                break
+            paragraph.append(line)
+        text = " ".join(paragraph)
+        return text.split(". ")[0].rstrip(".") + "." if text else ""
 
     def expected_metrics(self) -> dict:
         if not self.expected_metrics_path.is_file():
