@@ -285,6 +285,18 @@ def tiled_mlp_needs_deepspeed(setup, facts: Facts):
     return None
 
 
+@rule
+def sp_resume_needs_data_skip(setup, facts: Facts):
+    t = setup.training
+    if _sp(setup) > 1 and t.get("resume_from_checkpoint") and not t.get("ignore_data_skip"):
+        return ("Resuming a sequence-parallel run fails upstream: the Trainer skips the batches already seen with "
+                "accelerate's skip_first_batches, which does not know DeepSpeed's UlyssesSPDataLoaderAdapter "
+                "(\"'UlyssesSPDataLoaderAdapter' object has no attribute 'dataset'\"). Resume with "
+                "`-- --ignore_data_skip true`: weights, optimizer and step count are restored, but the current epoch's "
+                "data starts again from its first batch.")
+    return None
+
+
 # ---- Ring-attention context parallelism (FSDP2) ------------------------------------------------------------------
 def _cp(setup) -> int:
     return setup.plan.mesh.get("cp", 1)

@@ -78,6 +78,7 @@ def launch(options, dry_run: bool = False, record: bool = False) -> int:
 
     check_output_dir(setup.output_dir)
     log_path = setup.output_dir / "launch.log"
+    log_start = log_path.stat().st_size if log_path.exists() else 0
     started = time.time()
     rc, stopped_by = supervise.run(cmd, log_path, env=child_env(setup))
     wall = time.time() - started
@@ -89,7 +90,7 @@ def launch(options, dry_run: bool = False, record: bool = False) -> int:
     if rc != 0:
         why = f"stopped by {stopped_by}" if stopped_by else f"exited with status {rc}"
         say(f"training {why}; the full log is {log_path}")
-        failure = supervise.failure_summary(log_path)
+        failure = supervise.failure_summary(log_path, since=log_start)
         if failure:
             say(failure)
         last = checkpoints.newest_complete(setup.output_dir)

@@ -83,10 +83,13 @@ _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(
 _EXCEPTION = re.compile(r"^(?:\[rank(\d+)\]: )?([A-Za-z_.]*(?:Error|Exception|Interrupt)): (.*)$", re.M)
 
 
-def failure_summary(log_path: Path) -> str | None:
-    """Which rank failed first and why, from torchrun's failure report and the ranks' tracebacks."""
+def failure_summary(log_path: Path, since: int = 0) -> str | None:
+    """Which rank failed first and why, from torchrun's failure report and the ranks' tracebacks written after
+    byte `since` of the log (the log collects every run in the output folder)."""
     try:
-        text = log_path.read_text(errors="replace")
+        with open(log_path, "rb") as f:
+            f.seek(since)
+            text = f.read().decode(errors="replace")
     except OSError:
         return None
     root = _ROOT_CAUSE.search(text)

@@ -68,7 +68,7 @@ def _leftovers(marker: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["ddp", "zero3"])
+@pytest.mark.parametrize("recipe", ["ddp", "zero3", "ring-cp-2gpu"])  # SP: see rules.sp_resume_needs_data_skip
 def test_a_dying_rank_ends_the_job_and_resume_continues_identically(recipe, tmp_path, smoke_runs):
     out = tmp_path / "out"
     # rank 1 raises at the end of step 7; checkpoints every 3 steps, so checkpoint-6 is the newest complete one

@@ -360,3 +360,16 @@ def test_cp_param_offload_refused_on_cpu(tmp_path):
     folder = make_recipe(tmp_path, base="ring-cp-2gpu", accelerate=acc)
     [msg] = messages(resolve(Options(recipe=str(folder), smoke=True, cpu=True)))
     assert "fsdp_offload_params" in msg
+
+
+@shows(rules.sp_resume_needs_data_skip)
+def test_sp_resume_needs_ignore_data_skip(tmp_path):
+    ckpt = tmp_path / "out" / "checkpoint-3"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    setup = resolve(Options(recipe="alst-ulysses-4gpu", output_dir=str(tmp_path / "out"), resume="latest"))
+    [msg] = messages(setup, facts(model_config=QWEN2_05B))
+    assert "'UlyssesSPDataLoaderAdapter' object has no attribute 'dataset'" in msg
+    setup = resolve(Options(recipe="alst-ulysses-4gpu", output_dir=str(tmp_path / "out"), resume="latest",
+                            extra=["--ignore_data_skip", "true"]))
+    assert messages(setup, facts(model_config=QWEN2_05B)) == []
