@@ -286,6 +286,18 @@ def tiled_mlp_needs_deepspeed(setup, facts: Facts):
 
 
 @rule
+def activation_offloading_without_zero3(setup, facts: Facts):
+    if setup.training.get("activation_offloading") and setup.plan.zero_stage == 3:
+        return ("activation_offloading cannot be combined with DeepSpeed ZeRO-3 here: TRL's offloader works through "
+                "PyTorch saved-tensor hooks, which hand a saved parameter back to the backward as a new tensor object; "
+                "TRL's fused loss saves the lm_head weight and, under ZeRO-3, reads DeepSpeed's `ds_status` from it in "
+                "the backward (\"AttributeError: 'Tensor' object has no attribute 'ds_status'\" in "
+                "trl/kernels/chunked_logprob.py). Set `activation_offloading: false` (gradient checkpointing stays), or "
+                "use ZeRO stage 1/2.")
+    return None
+
+
+@rule
 def sp_resume_needs_data_skip(setup, facts: Facts):
     t = setup.training
     if _sp(setup) > 1 and t.get("resume_from_checkpoint") and not t.get("ignore_data_skip"):

@@ -373,3 +373,42 @@ def test_sp_resume_needs_ignore_data_skip(tmp_path):
     setup = resolve(Options(recipe="alst-ulysses-4gpu", output_dir=str(tmp_path / "out"), resume="latest",
                             extra=["--ignore_data_skip", "true"]))
     assert messages(setup, facts(model_config=QWEN2_05B)) == []
+
+
+@shows(rules.activation_offloading_without_zero3)
+def test_activation_offloading_with_zero3_is_refused():
+    [msg] = messages(resolve(Options(recipe="zero3", extra=["--activation_offloading", "true"])))
+    assert "'Tensor' object has no attribute 'ds_status'" in msg and "activation_offloading: false" in msg
+    assert messages(resolve(Options(recipe="zero2", extra=["--activation_offloading", "true"]))) == []
+
+
+def test_why_offloading_breaks_zero3_saved_tensor_hooks_return_a_new_object_for_a_saved_parameter():
+    """The PyTorch behaviour behind activation_offloading_without_zero3 (device-independent). If this starts to fail,
+    PyTorch keeps the parameter object and the rule can probably go."""
+    import torch
+
+    weight = torch.nn.Parameter(torch.randn(4, 4))
+    weight.ds_status = "available"  # as DeepSpeed ZeRO-3 marks its parameters
+    seen = {}
+
+    class Linear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return x @ w.t()
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, w = ctx.saved_tensors
+            seen["has_ds_status"] = hasattr(w, "ds_status")
+            return grad @ w, grad.t() @ x
+
+    x = torch.randn(2, 4, requires_grad=True)
+    Linear.apply(x, weight).sum().backward()
+    assert seen["has_ds_status"] is True
+    store = {}
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: store.setdefault(id(t), t) is t and id(t),
+                                                  lambda i: store[i]):
+        y = Linear.apply(x, weight)
+    y.sum().backward()
+    assert seen["has_ds_status"] is False
