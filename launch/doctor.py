@@ -100,6 +100,14 @@ def flash_attn_problem() -> str | None:
     return None
 
 
+def liger_problem() -> str | None:
+    try:
+        import liger_kernel  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        return f"the recipe sets use_liger_kernel but liger-kernel does not import ({type(e).__name__}: {e})."
+    return None
+
+
 def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, out=print) -> int:
     """Print the report; return the number of problems (the exit status is non-zero when there are any)."""
     from launch import rules
@@ -123,6 +131,9 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
                 problems.append(msg)
         if not setup.options.cpu and str(setup.training.get("attn_implementation", "")).startswith("flash_attention"):
             if msg := flash_attn_problem():
+                problems.append(msg)
+        if not setup.options.cpu and setup.training.get("use_liger_kernel"):
+            if msg := liger_problem():
                 problems.append(msg)
     for p in problems:
         out(f"PROBLEM: {p}")

@@ -90,3 +90,11 @@ def test_doctor_at_container_start_stops_before_training(tmp_path):
     assert "The environment check failed" in proc.stderr
     assert "flash-attn is not installed" in proc.stdout
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.usefixtures("flash_attn_imports")
+def test_liger_recipe_needs_an_importable_liger_kernel():
+    n, out = doctor(resolve(Options(recipe="ring-cp-8gpu")))  # config.yaml: use_liger_kernel true
+    assert n == 1 and "liger-kernel does not import" in out
+    n, out = doctor(resolve(Options(recipe="ring-cp-8gpu", cpu=True)))
+    assert n == 0, out
