@@ -76,6 +76,8 @@ def resolve(options: Options, progress=print) -> Setup:
             accel_overrides[key] = getattr(options, key)
     if options.num_machines and options.num_machines > 1:
         invocation["num_machines"] = options.num_machines
+    if options.max_steps is not None:  # a shorter or longer run is not judged against the recorded steps
+        invocation["max_steps"] = options.max_steps
     for name, size in mesh.items():
         accel_overrides[MESH_KEYS[name]] = int(size)
     if options.cpu:
