@@ -83,7 +83,9 @@ def launch(options, dry_run: bool = False, record: bool = False) -> int:
     rc, stopped_by = supervise.run(cmd, log_path, env=child_env(setup))
     wall = time.time() - started
 
-    history = metrics.read_history(setup.output_dir)
+    state = setup.output_dir / "trainer_state.json"
+    # a trainer_state.json older than this run belongs to an earlier run in the same folder
+    history = metrics.read_history(setup.output_dir) if state.exists() and state.stat().st_mtime >= started else []
     observed = metrics.step_metrics(history)
     verdict = None
     status = rc
