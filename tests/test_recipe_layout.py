@@ -63,3 +63,22 @@ def test_list_shows_every_recipe_with_strategy_and_purpose():
 def test_yaml_configs_are_plain_yaml():
     for path in ACCELERATE_CONFIGS + [RECIPES_DIR / n / "config.yaml" for n in RECIPES]:
         assert isinstance(yaml.safe_load(path.read_text()), dict), path
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_expected_metrics_are_as_the_record_command_writes_them(name):
+    """expected_metrics.json changes only through `python -m launch record`: every profile carries the environment
+    and invocation it was recorded with, and bounds derived from its own losses (a hand-edited loss list would
+    no longer match its bounds)."""
+    from launch.metrics import METRICS, TOLERANCE, bounds_for
+
+    data = find_recipe(name).expected_metrics()
+    assert data.get("tolerance") == TOLERANCE
+    for profile, entry in data.get("profiles", {}).items():
+        assert profile in ("smoke-cpu", "smoke-gpu"), profile
+        env = entry["environment"]
+        assert env["recorded_at"] and env["versions"]["torch"] and env["world_size"] >= 1
+        assert set(entry["invocation"]) >= {"num_processes", "mesh", "training_args"}
+        steps = entry["steps"]
+        assert all(len(steps[m]) == len(steps["loss"]) > 0 for m in METRICS)
+        assert entry["bounds"] == bounds_for(steps["loss"])
