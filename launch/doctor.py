@@ -7,33 +7,13 @@ message before any training begins.
 from __future__ import annotations
 
 import importlib.metadata
-import re
 
-from packaging.version import Version
+from launch import pins as pinfiles
+from launch.pins import PINS_FILE, normalize, read_pins  # the one pins parser (launch/pins.py)
 
-from launch import REPO_ROOT
-
-PINS_FILE = REPO_ROOT / "requirements" / "pins.txt"
 # What doctor reports, in this order. The GPU-only ones are absent from the CPU CI venv by design.
 REPORTED = ["torch", "transformers", "accelerate", "deepspeed", "trl", "datasets", "flash-attn", "liger-kernel", "trackio"]
-GPU_ONLY = {"flash-attn", "liger-kernel", "trackio"}
-
-
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def read_pins(path=PINS_FILE) -> dict[str, str]:
-    pins = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line or line.startswith("-"):
-            continue
-        name, sep, version = line.partition("==")
-        if not sep:
-            raise ValueError(f"{path}: `{line}` is not pinned with ==")
-        pins[normalize(name)] = version.strip()
-    return pins
+GPU_ONLY = {"flash-attn", "liger-kernel"}
 
 
 def installed_versions(names=REPORTED) -> dict[str, str | None]:
@@ -71,7 +51,7 @@ def torch_build() -> str:
 
 def same_version(installed: str, pinned: str) -> bool:
     # torch's CPU and CUDA wheels carry a local label (+cpu, +cu130); the pin names the release.
-    return Version(Version(installed).public) == Version(Version(pinned).public)
+    return pinfiles.same_release(installed, pinned)
 
 
 def version_problems(versions: dict, pins: dict, strict: bool) -> list[str]:
@@ -86,6 +66,25 @@ def version_problems(versions: dict, pins: dict, strict: bool) -> list[str]:
                 problems.append(f"{name} is not installed (pinned {pinned})")
         elif not same_version(have, pinned):
             problems.append(f"{name} {have} is installed but {pinned} is pinned")
+    return problems
+
+
+def lock_for(strict: bool):
+    """The lock this environment is built from: the image's (strict: the container) or the CPU venv's."""
+    return pinfiles.IMAGE_LOCK if strict else pinfiles.CPU_LOCK
+
+
+def lock_problems(strict: bool, installed: dict | None = None, skip=()) -> list[str]:
+    """Installed versions against the lock. In the image (strict) every locked package must be installed at its
+    version and nothing else may be; elsewhere only the installed packages are compared (a venv may lack the
+    test tools or carry extra ones). `skip`: names reported already (version_problems)."""
+    lock_path = lock_for(strict)
+    lock = pinfiles.read_lock(lock_path)
+    installed = pinfiles.installed_distributions() if installed is None else installed
+    skip = {normalize(name) for name in skip}
+    problems = pinfiles.lock_problems(lock, installed, lock_path.name, require_all=strict, skip=skip)
+    if strict:
+        problems += pinfiles.unlocked_problems(lock, installed, lock_path.name)
     return problems
 
 
@@ -108,18 +107,27 @@ def liger_problem() -> str | None:
     return None
 
 
-def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, out=print) -> int:
-    """Print the report; return the number of problems (the exit status is non-zero when there are any)."""
+def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, out=print, installed=None) -> int:
+    """Print the report; return the number of problems (the exit status is non-zero when there are any).
+
+    installed: {name: version} of every installed distribution, compared with the lock; read from the
+    environment when neither it nor `versions` is given (callers that pass versions test other checks)."""
     from launch import rules
 
+    if installed is None and versions is None:
+        installed = pinfiles.installed_distributions()
     versions = installed_versions() if versions is None else versions
     pins = read_pins() if pins is None else pins
     gpu_count, gpu_names = gpu_info() if gpus is None else (len(gpus), list(gpus))
     problems = version_problems(versions, pins, strict)
+    locked = [] if installed is None else lock_problems(strict, installed, skip=versions)
+    problems += locked
 
     out(f"{'package':<14} {'installed':<14} {'pinned':<14}")
     for name, have in versions.items():
         out(f"{name:<14} {str(have or '-'):<14} {pins.get(normalize(name), '-'):<14}")
+    if installed is not None:
+        out(f"lock           {lock_for(strict).name}: " + (f"{len(locked)} difference(s)" if locked else "the installed versions match"))
     out(f"torch build    {torch_build()}")
     out(f"GPUs           {gpu_count}" + (f" ({', '.join(sorted(set(gpu_names)))})" if gpu_names else ""))
 

