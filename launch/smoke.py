@@ -117,9 +117,11 @@ def build_model(tokenizer):
         bos_token_id=None,
         dtype="float32",
     )
-    # Seed with a local generator so that building the model never depends on global RNG state.
-    torch.manual_seed(seed)
-    return Qwen3ForCausalLM(config)
+    # transformers initialises weights from torch's global RNG; seed it inside fork_rng, which restores the caller's
+    # RNG state afterwards, so that building the model neither depends on nor changes the global state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Qwen3ForCausalLM(config)
 
 
 def build_examples(split: str = "train") -> list[dict]:

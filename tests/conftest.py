@@ -10,16 +10,31 @@ from pathlib import Path
 
 import pytest
 
+from helpers.common import OFFLINE_ENV, free_port  # noqa: F401 (re-exported for the tests)
+
 REPO = Path(__file__).resolve().parent.parent
+HARNESS = Path(__file__).resolve().parent / "harness"
 
 
-def launch_cli(*args, timeout=600, env=None) -> subprocess.CompletedProcess:
+def test_env(env: dict | None = None, fault: str | None = None) -> dict:
+    """The environment of a launcher started by a test: offline; with `fault` ("RANK:STEP:raise|hang"), the
+    harness's sitecustomize injects that fault into the training ranks (tests/harness/sitecustomize.py)."""
+    full = dict(os.environ, **OFFLINE_ENV)
+    if fault:
+        full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HARNESS), os.environ.get("PYTHONPATH")]))
+        full["RECIPES_TEST_FAULT"] = fault
+    full.update(env or {})
+    return full
+
+
+test_env.__test__ = False  # a helper, not a test
+
+
+def launch_cli(*args, timeout=600, env=None, fault=None) -> subprocess.CompletedProcess:
     """`python -m launch ARGS` from the repository root, output captured."""
-    full_env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "launch", *map(str, args)],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env,
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, env=test_env(env, fault),
     )
 
 
@@ -44,6 +59,15 @@ class SmokeRuns:
 @pytest.fixture(scope="session")
 def smoke_runs(tmp_path_factory) -> SmokeRuns:
     return SmokeRuns(tmp_path_factory.mktemp("smoke-runs"))
+
+
+TESTED_RULES: set[str] = set()
+
+
+def shows(rule_fn):
+    """Marks a test as one that shows rule_fn's message (tests/test_rules.py checks every rule has one)."""
+    TESTED_RULES.add(rule_fn.__name__)
+    return lambda test: test
 
 
 def explain(proc: subprocess.CompletedProcess) -> str:

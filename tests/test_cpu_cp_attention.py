@@ -14,9 +14,10 @@ import itertools
 import json
 import multiprocessing
 import os
-import socket
 
 import pytest
+
+from conftest import free_port
 
 WORLD = 4
 BATCH, HEADS, SEQ, HEAD_DIM = 2, 4, 32, 16  # SEQ divisible by 2 * cp for both cp sizes
@@ -154,9 +155,7 @@ def _worker(rank: int, port: int, out_path: str) -> None:
 def cp_results(tmp_path_factory):
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out_path = str(tmp_path_factory.mktemp("cpu_cp") / "results.json")
     # forkserver: torch is imported once in the server instead of once per worker (most of this test's time).
     multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "torch.distributed"])

@@ -6,21 +6,16 @@ does with the per-rank losses) and back-propagates a weighted sum, whose gradien
 """
 
 import os
-import socket
 import traceback
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from conftest import free_port
+
 WORLD_SIZE = 4
 GROUP_SIZE = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, port: int, install_fix: bool, results) -> None:
@@ -52,7 +47,7 @@ def _run(install_fix: bool) -> dict:
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         results = manager.dict()
-        port = _free_port()
+        port = free_port()
         procs = [ctx.Process(target=_worker, args=(r, port, install_fix, results)) for r in range(WORLD_SIZE)]
         for p in procs:
             p.start()

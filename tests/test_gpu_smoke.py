@@ -19,7 +19,7 @@ from launch.resolve import Options, resolve
 
 pytestmark = pytest.mark.gpu
 
-GPUS, GPU_NAMES = gpu_info()
+GPUS = gpu_info()[0]
 
 
 @pytest.mark.parametrize("name", recipe_names())

@@ -4,28 +4,20 @@ port), one CPU process each, must train exactly like one machine with 2 processe
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, explain
+from conftest import REPO, explain, free_port, test_env
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("recipe", ["ddp", "zero3"])
 def test_two_machines_on_loopback_match_one_machine(recipe, tmp_path, smoke_runs):
     port = str(free_port())
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = test_env()
     procs = []
     for rank in (1, 0):
         cmd = [sys.executable, "-m", "launch", recipe, "--smoke", "--cpu", "--num-processes", "2",

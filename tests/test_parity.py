@@ -42,8 +42,8 @@ def test_batch_layouts_are_equivalent(smoke_runs):
 
 @pytest.mark.parametrize("zero", ["zero1", "zero2", "zero3", "zero3-offload"])
 def test_zero_stages_match_ddp(smoke_runs, zero):
-    """Same layout (2 processes x 4), same data: ZeRO sharding must not change the numbers. REFERENCE.md noted a
-    ~1.5e-3 step-1 loss gap between DeepSpeed and DDP in an earlier trial; with use_cpu set in the training
+    """Same layout (2 processes x 4), same data: ZeRO sharding must not change the numbers. An earlier trial noted a
+    ~1.5e-3 step-1 loss gap between DeepSpeed and DDP (its "DDP" run was one process); with use_cpu set in the training
     arguments (as the launcher does) the step-1 losses here are equal."""
     ddp = _observed(smoke_runs, "ddp")
     other = _observed(smoke_runs, zero)

@@ -1,5 +1,4 @@
-# Canonical recipe train script. Every recipes/*/train.py is a byte-identical copy of this file, checked by
-# tests/test_recipe_layout.py; edit this one and run `python -m launch sync-scripts` to update the others.
+# Copied from templates/train.py (python -m launch sync-scripts keeps it equal; delete this line to fork it)
 """Supervised fine-tuning with TRL's SFTTrainer, launched by `accelerate launch`.
 
 Run it the way the recipe README shows, for example:
@@ -27,7 +26,9 @@ class RecipeArguments:
         metadata={
             "help": "ALST's tiled MLP: run every dense decoder MLP through DeepSpeed's `TiledMLP`, which computes it "
             "over the sequence in tiles and recomputes each tile in the backward, so the MLP's intermediate "
-            "activations exist for one tile at a time. Needs DeepSpeed (ZeRO stage 1-3)."
+            "activations exist for one tile at a time. Needs DeepSpeed (ZeRO stage 1-3): TiledMLP accumulates each "
+            "weight's gradient over the tiles and marks it ready for ZeRO after the last one; DDP and FSDP would "
+            "reduce the first tile's partial gradient."
         },
     )
     tiled_mlp_shards: int | None = field(
@@ -85,8 +86,12 @@ def main(script_args, training_args, model_args, recipe_args):
     if recipe_args.tiled_mlp:
         tile_mlps(trainer, recipe_args.tiled_mlp_shards)
 
-    if os.environ.get("RECIPES_TEST_FAULT"):
-        trainer.add_callback(fault_injection(os.environ["RECIPES_TEST_FAULT"]))
+    # `python -m launch` watches the ranks from outside: per-rank heartbeats (a rank that stops making progress is
+    # named and the job stopped). It asks through LAUNCH_MONITOR_DIR; under plain `accelerate launch` nothing is added.
+    if os.environ.get("LAUNCH_MONITOR_DIR"):
+        from launch.monitor import add_callbacks
+
+        add_callbacks(trainer)
 
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     # trainer_state.json (the per-step log_history) next to the weights, not only inside checkpoints.
@@ -100,27 +105,6 @@ def main(script_args, training_args, model_args, recipe_args):
     trainer.end()
 
 
-# ---- Tests only: fail or hang one rank at a step (tests/test_failures.py) --------------------------------------
-def fault_injection(spec: str):
-    """RECIPES_TEST_FAULT="RANK:STEP:raise|hang": at the end of optimizer step STEP, global rank RANK raises an
-    error or stops responding. Only the tests set this variable."""
-    import time
-
-    from transformers import TrainerCallback
-
-    rank, step, action = spec.split(":")
-
-    class FaultInjection(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == int(step) and os.environ.get("RANK", "0") == rank:
-                print(f"[fault injection] rank {rank} {action}s at step {step}", flush=True)
-                if action == "hang":
-                    time.sleep(3600)
-                raise RuntimeError(f"injected failure (RECIPES_TEST_FAULT={spec})")
-
-    return FaultInjection()
-
-
 # ---- ALST: tiled MLP (used by main when `tiled_mlp` is set) ----------------------------------------------------
 def tile_mlps(trainer, shards: int | None) -> None:
     """Route every dense decoder MLP (`*.mlp` with gate_proj, up_proj, down_proj) through DeepSpeed's `TiledMLP`."""
@@ -132,9 +116,7 @@ def tile_mlps(trainer, shards: int | None) -> None:
     from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
 
     if not trainer.is_deepspeed_enabled:
-        # TiledMLP accumulates each weight's gradient over the tiles and marks it complete for ZeRO only after the
-        # last tile (`ds_grad_is_ready`); DDP and FSDP would reduce the first tile's partial gradient
-        raise ValueError("`tiled_mlp` needs DeepSpeed (ZeRO stage 1-3): use an accelerate config with DEEPSPEED.")
+        raise ValueError("`tiled_mlp` needs DeepSpeed (ZeRO stage 1-3); see the tiled_mlp help above.")
 
     def tiled_forward(mlp, x):
         n = shards

@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import traceback
 from pathlib import Path
+
+from common import OFFLINE_ENV, free_port  # noqa: E402 (this folder is on sys.path)
 
 REPO = Path(__file__).resolve().parents[2]
 # name: (accelerate config, overrides of its zero_optimization section, applied on top of what Accelerate builds)
@@ -55,12 +56,6 @@ CONFIGS = {
 }
 PER_DEVICE_BATCH = 2
 GRAD_ACCUM = 2  # two micro-batches per optimizer step, so gradients held between micro-batches can be measured
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def accelerate_launch_env(config_file: str, num_processes: int) -> dict[str, str]:
@@ -262,8 +257,7 @@ def worker(rank: int, world_size: int, port: int, jobs: list, model_dir: str, da
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        os.environ[k] = "1"
+    os.environ.update(OFFLINE_ENV)
     import torch
 
     torch.set_num_threads(1)

@@ -1,0 +1,143 @@
+"""What a run needs from the Hugging Face Hub, found before any process starts: the model's architecture (read
+with transformers' own `AutoConfig`, from a local folder or the hub cache), and whether the model and the dataset
+a recipe names can be found at all.
+
+Offline (`HF_HUB_OFFLINE=1`) nothing is downloaded and nothing is retried. Online, the hub is probed once with a
+short timeout before `AutoConfig` may download a `config.json` (a few kB): without that probe an unreachable hub
+costs ~25 s of huggingface_hub's retries.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from urllib.parse import urlparse
+
+PROBE_TIMEOUT_S = 3.0
+
+
+@dataclass
+class ModelConfig:
+    config: object | None  # transformers PretrainedConfig of the text model (get_text_config()), or None
+    problem: str | None = None  # why it could not be read (one sentence)
+    source: str | None = None  # "local folder", "hub cache" or "hub"
+
+
+def offline() -> bool:
+    return any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def looks_local(name: str) -> bool:
+    """A path rather than a hub id (`org/name`): absolute, relative with ./ or ../, ~, or more than one slash."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+@lru_cache(maxsize=None)
+def hub_reachable() -> str | None:
+    """None if the hub endpoint accepts a TCP connection within PROBE_TIMEOUT_S; else why not."""
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=PROBE_TIMEOUT_S):
+            return None
+    except OSError as e:
+        return f"{url.hostname}:{port} is not reachable ({e.strerror or e})"
+
+
+@lru_cache(maxsize=None)
+def read_model_config(name_or_path: str | None) -> ModelConfig:
+    """The model's text config, from a local folder, the hub cache, or (online, hub reachable) the hub."""
+    if not name_or_path:
+        return ModelConfig(None, "no model_name_or_path is set")
+    from transformers import AutoConfig
+
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            return ModelConfig(None, f"{path} has no config.json")
+        return _load(AutoConfig, str(path), "local folder", local_files_only=True)
+    if looks_local(name_or_path):
+        return ModelConfig(None, f"{name_or_path} does not exist")
+    cached = _load(AutoConfig, name_or_path, "hub cache", local_files_only=True)
+    if cached.config is not None:
+        return cached
+    hint = (f"copy its config.json into a folder and pass that folder, or run `hf download {name_or_path} config.json` "
+            "on a machine that is online")
+    if offline():
+        return ModelConfig(None, f"offline (HF_HUB_OFFLINE) and config.json of {name_or_path} is not in the Hugging "
+                                 f"Face cache; {hint}")
+    if why := hub_reachable():
+        return ModelConfig(None, f"config.json of {name_or_path} is not cached and the hub cannot be reached ({why}); "
+                                 f"{hint}")
+    return _load(AutoConfig, name_or_path, "hub")
+
+
+def _load(auto_config, name: str, source: str, **kwargs) -> ModelConfig:
+    try:
+        full = auto_config.from_pretrained(name, **kwargs)
+    except Exception as e:  # noqa: BLE001 - transformers raises OSError/ValueError/KeyError for gated, unknown, corrupt
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return ModelConfig(None, f"AutoConfig could not read {name} ({first})")
+    get_text = getattr(full, "get_text_config", None)
+    return ModelConfig(get_text() if get_text else full, None, source)
+
+
+def dataset_problem(name: str | None) -> str | None:
+    """None if the dataset can be found: an existing local path, or a hub id (in the cache, when offline)."""
+    if not name:
+        return None
+    path = Path(name).expanduser()
+    if path.exists():
+        return None
+    if looks_local(name):
+        return f"the dataset {name} does not exist"
+    if problem := repo_id_problem(name):
+        return f"dataset_name `{name}`: {problem}"
+    if offline() and not _in_hub_cache(name, "dataset"):
+        return (f"offline (HF_HUB_OFFLINE) and the dataset {name} is not in the Hugging Face cache "
+                f"({_cache_dir()}); download it on a machine that is online, or point dataset_name at a local copy")
+    return None
+
+
+def model_problem(name: str | None) -> str | None:
+    """None if the model can be found: an existing local folder, or a well-formed hub id (cached, when offline)."""
+    if not name:
+        return None
+    path = Path(name).expanduser()
+    if path.exists():
+        return None if path.is_dir() else f"the model path {name} is not a folder"
+    if looks_local(name):
+        return f"the model folder {name} does not exist"
+    if problem := repo_id_problem(name):
+        return f"model_name_or_path `{name}`: {problem}"
+    if offline() and not _in_hub_cache(name, "model"):
+        return (f"offline (HF_HUB_OFFLINE) and the model {name} is not in the Hugging Face cache ({_cache_dir()}); "
+                "download it on a machine that is online, or point model_name_or_path at a local folder")
+    return None
+
+
+def repo_id_problem(name: str) -> str | None:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError as e:
+        return f"not a valid hub id ({str(e).splitlines()[0]})"
+    return None
+
+
+def _cache_dir() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def _in_hub_cache(repo_id: str, repo_type: str) -> bool:
+    from huggingface_hub.file_download import repo_folder_name
+
+    return (Path(_cache_dir()) / repo_folder_name(repo_id=repo_id, repo_type=repo_type)).is_dir()

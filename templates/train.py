@@ -1,0 +1,151 @@
+"""Supervised fine-tuning with TRL's SFTTrainer, launched by `accelerate launch`.
+
+Run it the way the recipe README shows, for example:
+
+    accelerate launch --config_file accelerate_configs/zero3.yaml \
+        recipes/zero3/train.py --config recipes/zero3/config.yaml
+
+Everything distributed (DDP, DeepSpeed ZeRO, FSDP2, context or sequence parallelism) comes from the Accelerate
+config; everything about training comes from the TRL `--config` YAML and the command line. The script itself
+is the same for every recipe: it is adapted from TRL's `trl/scripts/sft.py`.
+"""
+
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RecipeArguments:
+    accelerate_config: str | None = field(
+        default=None,
+        metadata={"help": "Accelerate config this recipe is launched with (read by `python -m launch`)."},
+    )
+    tiled_mlp: bool = field(
+        default=False,
+        metadata={
+            "help": "ALST's tiled MLP: run every dense decoder MLP through DeepSpeed's `TiledMLP`, which computes it "
+            "over the sequence in tiles and recomputes each tile in the backward, so the MLP's intermediate "
+            "activations exist for one tile at a time. Needs DeepSpeed (ZeRO stage 1-3): TiledMLP accumulates each "
+            "weight's gradient over the tiles and marks it ready for ZeRO after the last one; DDP and FSDP would "
+            "reduce the first tile's partial gradient."
+        },
+    )
+    tiled_mlp_shards: int | None = field(
+        default=None,
+        metadata={
+            "help": "Tiles per MLP call with `tiled_mlp`. Default: ceil(local sequence length / hidden size), as in "
+            "ALST, the largest value over all ranks."
+        },
+    )
+
+
+def main(script_args, training_args, model_args, recipe_args):
+    from accelerate.logging import get_logger
+    from datasets import load_dataset
+    from trl import SFTTrainer, get_peft_config, get_quantization_config
+
+    logger = get_logger(__name__)
+    if training_args.use_cpu:
+        # CPU-only workarounds (gloo collectives, attention for context parallelism on CPU), each documented in
+        # launch/cpu/. Never imported on GPU; needs this repository installed (`pip install -e .`).
+        from launch.cpu import enable_cpu_path
+
+        enable_cpu_path(training_args)
+    logger.info(f"recipe launched with accelerate config {recipe_args.accelerate_config}", main_process_only=True)
+
+    model_init_kwargs = dict(
+        revision=model_args.model_revision,
+        trust_remote_code=training_args.trust_remote_code,
+        attn_implementation=model_args.attn_implementation,
+        dtype=model_args.dtype,
+    )
+    if training_args.model_init_kwargs is not None:
+        model_init_kwargs.update(training_args.model_init_kwargs)
+    training_args.model_init_kwargs = model_init_kwargs
+
+    dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config)
+
+    trainer = SFTTrainer(
+        model=model_args.model_name_or_path,
+        args=training_args,
+        train_dataset=dataset[script_args.dataset_train_split],
+        eval_dataset=dataset[script_args.dataset_test_split] if training_args.eval_strategy != "no" else None,
+        quantization_config=get_quantization_config(model_args),
+        peft_config=get_peft_config(model_args),
+    )
+
+    # ---- ALST (Arctic Long Sequence Training) memory features: recipes/alst-ulysses-* --------------------------
+    # - Ulysses sequence parallelism: the Accelerate config (parallelism_config_sp_*), nothing here.
+    # - Tiled loss: nothing here either. TRL's SFTTrainer computes the loss through a fused LM head, in tiles of
+    #   tokens x vocabulary, without materialising the logits (also under sequence parallelism, which refuses the
+    #   custom losses and label smoothing that would need full logits).
+    # - Activation-checkpoint offload to CPU: SFTConfig's `activation_offloading` with `gradient_checkpointing`; its
+    #   saved-tensor hooks move each layer's checkpointed input to host memory until the backward.
+    # - Tiled MLP: `tiled_mlp` below.
+    if recipe_args.tiled_mlp:
+        tile_mlps(trainer, recipe_args.tiled_mlp_shards)
+
+    # `python -m launch` watches the ranks from outside: per-rank heartbeats (a rank that stops making progress is
+    # named and the job stopped). It asks through LAUNCH_MONITOR_DIR; under plain `accelerate launch` nothing is added.
+    if os.environ.get("LAUNCH_MONITOR_DIR"):
+        from launch.monitor import add_callbacks
+
+        add_callbacks(trainer)
+
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    # trainer_state.json (the per-step log_history) next to the weights, not only inside checkpoints.
+    trainer.save_state()
+    # Full weights (gathered from ZeRO-3 / FSDP shards) and the tokenizer, loadable by plain transformers.
+    final_dir = os.path.join(training_args.output_dir, "final")
+    trainer.save_model(final_dir)
+    trainer.accelerator.print(f"Model saved to {final_dir}.")
+    # Every rank has finished saving before the process group goes away.
+    trainer.accelerator.wait_for_everyone()
+    trainer.end()
+
+
+# ---- ALST: tiled MLP (used by main when `tiled_mlp` is set) ----------------------------------------------------
+def tile_mlps(trainer, shards: int | None) -> None:
+    """Route every dense decoder MLP (`*.mlp` with gate_proj, up_proj, down_proj) through DeepSpeed's `TiledMLP`."""
+    import math
+    import types
+
+    import torch
+    import torch.distributed as dist
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
+
+    if not trainer.is_deepspeed_enabled:
+        raise ValueError("`tiled_mlp` needs DeepSpeed (ZeRO stage 1-3); see the tiled_mlp help above.")
+
+    def tiled_forward(mlp, x):
+        n = shards
+        if n is None:
+            n = math.ceil(x.shape[-2] / x.shape[-1])
+            if dist.is_initialized():
+                # ZeRO-3 gathers the MLP weights on every call, so all ranks must make the same number of calls
+                n_max = torch.tensor(n, device=x.device)
+                dist.all_reduce(n_max, op=dist.ReduceOp.MAX)
+                n = int(n_max.item())
+        # The class's own forward, one tile at a time
+        return TiledMLP.apply(type(mlp).forward, mlp, x, n, list(mlp.parameters()))
+
+    mlps = [
+        module
+        for name, module in trainer.model.named_modules()
+        if name.endswith(".mlp") and all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj"))
+    ]
+    if not mlps:
+        model_class = type(trainer.model).__name__
+        raise ValueError(f"`tiled_mlp`: no dense MLP (gate_proj, up_proj, down_proj) in {model_class}.")
+    for mlp in mlps:
+        mlp.forward = types.MethodType(tiled_forward, mlp)
+
+
+def make_parser():
+    from trl import ModelConfig, ScriptArguments, SFTConfig, TrlParser
+
+    return TrlParser((ScriptArguments, SFTConfig, ModelConfig, RecipeArguments))
+
+
+if __name__ == "__main__":
+    main(*make_parser().parse_args_and_config())
