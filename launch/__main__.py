@@ -4,7 +4,8 @@
     python -m launch doctor [RECIPE] [--cpu]
     python -m launch RECIPE [--smoke] [--cpu] [--num-processes N] [--sp-size N] ... [--dry-run] [-- training args]
     python -m launch record RECIPE --smoke [--cpu] [...]     (re-records expected_metrics.json; deliberate)
-    python -m launch sync-scripts                              (copies the canonical train.py to every recipe)
+    python -m launch compare RUN_DIR RUN_DIR... [--out FILE.png]
+    python -m launch sync-scripts                              (templates/train.py -> every marked recipe copy)
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ import os
 import sys
 
 from launch.recipes import LaunchError
-
-SUBCOMMANDS = ("list", "doctor", "record", "sync-scripts")
-
 
 def run_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Validate, plan, run and judge a recipe.")
@@ -33,18 +31,26 @@ def run_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--save-steps", type=int, help="save a checkpoint every N steps (kept: the last 2)")
     p.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
                    help="continue from the newest complete checkpoint in the output folder, or from CHECKPOINT")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete an earlier run's files in the output folder (it says which) and start again")
+    p.add_argument("--hang-timeout", type=float, metavar="SECONDS",
+                   help="stop the job when no rank made progress for this long (default: 60 for --smoke, 900 "
+                        "otherwise; at least 5 x the slowest step seen)")
     p.add_argument("--dry-run", action="store_true", help="print the command and the effective setup, run nothing")
     m = p.add_argument_group("multi-node (defaults from SLURM_NNODES, SLURM_NODEID, MASTER_ADDR, MASTER_PORT)")
     m.add_argument("--num-machines", type=int, default=_env_int("SLURM_NNODES"))
     m.add_argument("--machine-rank", type=int, default=_env_int("SLURM_NODEID"))
     m.add_argument("--main-process-ip", default=os.environ.get("MASTER_ADDR"))
     m.add_argument("--main-process-port", type=int, default=_env_int("MASTER_PORT"))
+    m.add_argument("--rendezvous-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="machine ranks > 0: how long to wait for machine rank 0 before giving up (300)")
     return p
 
 
 def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    return int(value) if value and value.isdigit() else None
+    from launch.envvars import optional_int
+
+    return optional_int(name)
 
 
 def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -61,7 +67,7 @@ def options_from(ns, extra):
                               ("cp", ns.cp_size), ("sp", ns.sp_size)) if v is not None}
     return Options(recipe=ns.recipe, smoke=ns.smoke, cpu=ns.cpu, num_processes=ns.num_processes, mesh=mesh,
                    output_dir=ns.output_dir, max_steps=ns.max_steps, save_steps=ns.save_steps, resume=ns.resume,
-                   extra=extra, num_machines=ns.num_machines,
+                   overwrite=ns.overwrite, extra=extra, num_machines=ns.num_machines,
                    machine_rank=ns.machine_rank, main_process_ip=ns.main_process_ip,
                    main_process_port=ns.main_process_port)
 
@@ -74,9 +80,13 @@ def main(argv: list[str] | None = None) -> int:
 
             return print_list()
         if argv and argv[0] == "sync-scripts":
-            from launch.listing import sync_scripts
+            from launch.docs import sync
 
-            return sync_scripts()
+            return sync()
+        if argv and argv[0] == "compare":
+            from launch.compare import main as compare
+
+            return compare(argv[1:])
         if argv and argv[0] == "doctor":
             return cmd_doctor(argv[1:])
         if argv and argv[0] == "record":
@@ -85,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before or after the ranks ran (while they run, supervise forwards it)
+        print("\n[launch] interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 def cmd_doctor(argv: list[str]) -> int:
@@ -110,7 +123,8 @@ def cmd_run(argv: list[str], record: bool = False) -> int:
     ns = run_parser(prog).parse_args(own)
     if record and not ns.smoke:
         raise LaunchError("`record` writes the expected metrics of a smoke profile: add --smoke (and --cpu on CPU).")
-    return runner.launch(options_from(ns, extra), dry_run=ns.dry_run, record=record)
+    return runner.launch(options_from(ns, extra), dry_run=ns.dry_run, record=record, hang_timeout=ns.hang_timeout,
+                         rendezvous_timeout=ns.rendezvous_timeout)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
-"""Finding the checkpoint to resume from.
+"""Finding the checkpoint to resume from, and making sure it is whole.
 
 The Trainer writes a checkpoint folder piece by piece (weights, optimizer and scheduler, RNG states) and writes
 trainer_state.json last, after every rank has saved its part; so a checkpoint-N folder without
-trainer_state.json is one whose run died while saving it, and it is never picked.
+trainer_state.json is one whose run died while saving it, and it is never picked. A file can still be cut short
+later (a full disk, a copy interrupted): `problems()` reads each weight file's own framing, cheaply (the header of
+a safetensors file, the central directory of a torch.save zip), so a truncated file is refused before the ranks
+start, and the failure summary never advises such a checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import struct
+import zipfile
 from pathlib import Path
 
 from launch.recipes import LaunchError
@@ -16,7 +22,47 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
 def complete(folder: Path) -> bool:
-    return (folder / "trainer_state.json").is_file()
+    return (folder / "trainer_state.json").is_file() and not problems(folder)
+
+
+def problems(folder: Path) -> list[str]:
+    """What is cut short or unreadable in a checkpoint folder (empty when every file checks out)."""
+    out = []
+    state = folder / "trainer_state.json"
+    if not state.is_file():
+        return [f"{state.name} is missing (the run died while saving)"]
+    try:
+        json.loads(state.read_text())
+    except (OSError, json.JSONDecodeError):
+        out.append(f"{state.name} is not valid JSON")
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file():
+            continue
+        if path.suffix == ".safetensors" and (msg := _safetensors_problem(path)):
+            out.append(f"{path.relative_to(folder)}: {msg}")
+        elif path.suffix in (".pt", ".pth", ".bin") and path.stat().st_size and not zipfile.is_zipfile(path):
+            # torch.save writes a zip archive; a cut-off one has no end-of-central-directory record
+            with open(path, "rb") as f:
+                if f.read(2) == b"PK":
+                    out.append(f"{path.relative_to(folder)}: truncated (its zip directory is missing)")
+    return out
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """A safetensors file is an 8-byte header length, a JSON header with every tensor's byte range, then the data."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if 8 + n > size:
+                return f"truncated ({size} bytes, its header alone needs {8 + n})"
+            header = json.loads(f.read(n))
+    except (struct.error, json.JSONDecodeError, UnicodeDecodeError):
+        return "not a safetensors file (unreadable header)"
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        return f"truncated ({size} bytes, its tensors need {8 + n + end})"
+    return None
 
 
 def checkpoints(output_dir: Path) -> list[Path]:
@@ -37,14 +83,19 @@ def newest_complete(output_dir: Path) -> Path | None:
 def resolve_resume(output_dir: Path, resume: str) -> Path:
     """`--resume` (newest complete checkpoint in the output folder) or `--resume PATH` (that one)."""
     if resume != "latest":
-        path = Path(resume)
-        if not path.is_dir() or not complete(path):
-            raise LaunchError(f"--resume {resume}: not a complete checkpoint folder (it needs trainer_state.json).")
+        path = Path(resume).expanduser().absolute()
+        if not path.is_dir():
+            raise LaunchError(f"--resume {resume}: no such checkpoint folder.")
+        if found := problems(path):
+            raise LaunchError(f"--resume {resume}: not a complete checkpoint ({'; '.join(found)}). Resume from an "
+                              "earlier checkpoint, or start again.")
         return path
     found = newest_complete(output_dir)
     if found is None:
+        broken = [f"{c.name} ({'; '.join(problems(c))})" for c in checkpoints(output_dir)]
         raise LaunchError(
-            f"--resume: no complete checkpoint under {output_dir}. Checkpoints are saved every --save-steps steps "
-            "(or per the recipe's save_strategy/save_steps)."
+            f"--resume: no complete checkpoint under {output_dir}"
+            + (f" (incomplete: {', '.join(broken)})" if broken else "")
+            + ". Checkpoints are saved every --save-steps steps (or per the recipe's save_strategy/save_steps)."
         )
     return found

@@ -6,26 +6,16 @@ import shlex
 import sys
 
 from launch import REPO_ROOT
-
-
-def _value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
+from launch.profiles import as_argv
 
 
 def build_command(setup) -> list[str]:
     """argv: `python -m accelerate.commands.launch` (= `accelerate launch`) with the recipe's Accelerate config
-    and the overrides, then train.py with `--config config.yaml` and the training overrides."""
+    and the overrides, then train.py with `--config config.yaml` and the training arguments, by source: the
+    profile's, the recorded smoke invocation's, the user's after `--` (verbatim), the launcher's."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", _rel(setup.recipe.accelerate_config_path)]
-    for key, value in setup.accelerate_overrides.items():
-        cmd += [f"--{key}", _value(value)]
-    cmd += [_rel(setup.recipe.train_script), "--config", _rel(setup.recipe.config_path)]
-    for key, value in setup.training_overrides.items():
-        if value is None:
-            continue
-        cmd += [f"--{key}", _value(value)]
-    return cmd
+    cmd += as_argv(setup.accelerate_overrides)
+    return cmd + [_rel(setup.recipe.train_script), "--config", _rel(setup.recipe.config_path), *setup.training_argv]
 
 
 def _rel(path) -> str:

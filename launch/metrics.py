@@ -28,6 +28,59 @@ BOUNDS_RTOL = 0.05  # axolotl: first and last loss within 5% of the recorded val
 DROP_FRACTION = 0.5  # the loss must fall by at least half of the recorded relative drop
 
 
+def read_expected(recipe) -> dict:
+    """A recipe's expected_metrics.json ({} when absent), checked before any training: a truncated or hand-broken
+    file is named, with the key, now rather than after the run."""
+    from launch.recipes import LaunchError
+
+    path = recipe.expected_metrics_path
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise LaunchError(f"{path} is not valid JSON ({e.msg}, line {e.lineno} column {e.colno}). Restore it from git "
+                          f"(`git checkout -- {path}`) or re-record it with `python -m launch record`.") from None
+    problems = _expected_problems(data)
+    if problems:
+        raise LaunchError(f"{path} is malformed: " + "; ".join(problems) + ". Restore it from git or re-record it with "
+                          "`python -m launch record`.")
+    return data
+
+
+def _expected_problems(data) -> list[str]:
+    if not isinstance(data, dict):
+        return ["the top level is not an object"]
+    out = []
+    profiles = data.get("profiles", {})
+    if not isinstance(profiles, dict):
+        return ["`profiles` is not an object"]
+    for name, entry in profiles.items():
+        where = f"profiles.{name}"
+        if not isinstance(entry, dict):
+            out.append(f"`{where}` is not an object")
+            continue
+        if not isinstance(entry.get("invocation"), dict):
+            out.append(f"`{where}.invocation` is missing or not an object")
+        steps = entry.get("steps")
+        if not isinstance(steps, dict):
+            out.append(f"`{where}.steps` is missing or not an object")
+            continue
+        for metric in METRICS:
+            values = steps.get(metric)
+            if not isinstance(values, list) or not all(isinstance(v, (int, float)) for v in values):
+                out.append(f"`{where}.steps.{metric}` is missing or not a list of numbers")
+        bounds = entry.get("bounds")
+        if bounds is not None and not (isinstance(bounds, dict) and {"first_loss", "last_loss", "min_relative_drop"}
+                                       <= set(bounds)):
+            out.append(f"`{where}.bounds` lacks first_loss, last_loss or min_relative_drop")
+    tolerance = data.get("tolerance")
+    if tolerance is not None and not all(isinstance(tolerance.get(m), dict) and {"max_abs", "mean"} <= set(tolerance[m])
+                                         for m in METRICS):
+        out.append("`tolerance` needs max_abs and mean for " + " and ".join(METRICS))
+    return out
+
+
 def read_history(output_dir: Path) -> list[dict]:
     path = Path(output_dir) / "trainer_state.json"
     if not path.is_file():
@@ -81,8 +134,9 @@ def compare(expected: dict, observed: dict, tolerance: dict | None = None) -> di
                        "passed": max_abs <= tol["max_abs"]})
         checks.append({"check": f"{metric} mean diff", "value": mean, "limit": tol["mean"],
                        "passed": abs(mean) <= tol["mean"]})
-        for i, (e, o, d) in enumerate(zip(exp, obs, diffs)):
-            rows.append({"step": i + 1, "metric": metric, "expected": e, "observed": o, "diff": d,
+        steps = observed.get("step") or list(range(1, len(obs) + 1))
+        for step, e, o, d in zip(steps, exp, obs, diffs):
+            rows.append({"step": step, "metric": metric, "expected": e, "observed": o, "diff": d,
                          "passed": abs(d) <= tol["max_abs"]})
     losses = observed.get("loss", [])
     bounds = expected.get("bounds")

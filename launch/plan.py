@@ -7,48 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-# Accelerate's YAML keys for the parallelism mesh, and the sizes they default to.
-MESH_KEYS = {
-    "dp_replicate": "parallelism_config_dp_replicate_size",
-    "dp_shard": "parallelism_config_dp_shard_size",
-    "tp": "parallelism_config_tp_size",
-    "cp": "parallelism_config_cp_size",
-    "sp": "parallelism_config_sp_size",
-}
-
-
-def parse_cli_overrides(args: list[str]) -> dict:
-    """`--key value`, `--key=value` and bare `--flag` (true) pairs, as TRL's parser reads them."""
-    out: dict = {}
-    i = 0
-    while i < len(args):
-        token = args[i]
-        if not token.startswith("--"):
-            raise ValueError(f"unexpected training argument `{token}`: expected `--name value`")
-        key, eq, value = token[2:].partition("=")
-        if not eq:
-            if i + 1 < len(args) and not args[i + 1].startswith("--"):
-                value = args[i + 1]
-                i += 1
-            else:
-                value = "true"
-        out[key.replace("-", "_")] = _scalar(value)
-        i += 1
-    return out
-
-
-def _scalar(value):
-    if not isinstance(value, str):
-        return value
-    low = value.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return value
+from launch.accelerate_config import parallelism
+from launch.constants import MESH_KEYS
 
 
 @dataclass
@@ -93,12 +53,14 @@ class Plan:
 
 
 def mesh_from(accelerate: dict, world_size: int) -> dict:
-    pc = accelerate.get("parallelism_config") or {}
-    mesh = {name: int(pc.get(key, 1) or 1) for name, key in MESH_KEYS.items()}
-    if not pc:
+    """The mesh sizes, validated by Accelerate's ParallelismConfig when the config has a parallelism_config."""
+    pc = parallelism(accelerate)
+    if pc is None:
         # Without a parallelism config every process is a data-parallel rank (replicas for DDP and ZeRO).
+        mesh = {name: 1 for name in MESH_KEYS}
         mesh["dp_shard" if accelerate.get("distributed_type") == "FSDP" else "dp_replicate"] = world_size
-    return mesh
+        return mesh
+    return {name: getattr(pc, f"{name}_size") for name in MESH_KEYS}
 
 
 def strategy_name(accelerate: dict, mesh: dict) -> tuple[str, int | None]:
@@ -131,7 +93,8 @@ def make_plan(accelerate: dict, training: dict) -> Plan:
     machines = int(accelerate.get("num_machines", 1) or 1)
     mesh = mesh_from(accelerate, world)
     strategy, stage = strategy_name(accelerate, mesh)
-    # dp world size: the ranks that see different data. CP, SP and TP ranks share their data.
+    # dp world size: the ranks that see different data. CP, SP and TP ranks share their data
+    # (ParallelismConfig.non_data_parallel_size).
     split = mesh["cp"] * mesh["sp"] * mesh["tp"]
     dp_world = max(world // split, 1)
     bs = int(training.get("per_device_train_batch_size", 8))

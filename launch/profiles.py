@@ -7,6 +7,7 @@ differences: device, precision, attention kernel and model size (plus the few st
 from __future__ import annotations
 
 from launch import smoke
+from launch.constants import CUDA_ONLY_ATTENTION, SP_ATTENTION_KEY
 
 # A smoke run: the tiny offline model and dataset, few steps, a loss and grad_norm logged at every step.
 SMOKE_TRAINING = {
@@ -34,8 +35,6 @@ CPU_TRAINING = {
     "dtype": "float32",
     "use_liger_kernel": False,
 }
-CUDA_ONLY_ATTENTION = ("flash_attention_2", "flash_attention_3", "kernels-community/vllm-flash-attn3")
-SP_ATTENTION_KEY = "parallelism_config_sp_attn_implementation"
 
 
 def cpu_accelerate(accelerate: dict) -> dict:
@@ -63,3 +62,12 @@ def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print)
         if config.get("attn_implementation") in CUDA_ONLY_ATTENTION:
             out["attn_implementation"] = "sdpa"
     return out
+
+
+def as_argv(values: dict) -> list[str]:
+    """`--key value` pairs as the ranks' parser reads them (booleans as true/false)."""
+    argv: list[str] = []
+    for key, value in values.items():
+        if value is not None:
+            argv += [f"--{key}", ("true" if value else "false") if isinstance(value, bool) else str(value)]
+    return argv

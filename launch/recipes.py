@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
-import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -102,9 +101,9 @@ class Recipe:
         return text.split(". ")[0].rstrip(".") + "." if text else ""
 
     def expected_metrics(self) -> dict:
-        if not self.expected_metrics_path.is_file():
-            return {}
-        return json.loads(self.expected_metrics_path.read_text())
+        from launch.metrics import read_expected
+
+        return read_expected(self)
 
     def load_train_module(self):
         """Import the recipe's train.py (cheap: its heavy imports live inside functions)."""

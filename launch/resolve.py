@@ -1,5 +1,8 @@
 """Resolving a run: the recipe, its two configs, the profile and the command-line overrides, merged into one
 `Setup` that the rules validate, the plan describes and the command builder turns into `accelerate launch`.
+
+Nothing here starts a process or writes a file. The training arguments are merged and typed by the recipe's own
+TrlParser (`launch.training_args`) from the same argv the ranks will get, so the plan shows the values the run uses.
 """
 
 from __future__ import annotations
@@ -7,9 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launch import REPO_ROOT, checkpoints, profiles
-from launch.plan import MESH_KEYS, Plan, make_plan, parse_cli_overrides
+from launch import REPO_ROOT, accelerate_config, checkpoints, outdir, profiles
+from launch.constants import MESH_KEYS
+from launch.metrics import read_expected
+from launch.plan import Plan, make_plan
 from launch.recipes import LaunchError, Recipe, find_recipe
+from launch.training_args import AFTER_DASHES, Layer, merge
 
 
 @dataclass
@@ -25,7 +31,8 @@ class Options:
     max_steps: int | None = None
     save_steps: int | None = None
     resume: str | None = None  # "latest" or a checkpoint folder
-    extra: list[str] = field(default_factory=list)  # training arguments after `--`
+    overwrite: bool = False  # delete an earlier run's files in the output folder first
+    extra: list[str] = field(default_factory=list)  # training arguments after `--`, passed on verbatim
     # Multi-node: total machines, this machine's rank, and the rendezvous address of machine rank 0.
     num_machines: int | None = None
     machine_rank: int | None = None
@@ -41,32 +48,53 @@ class Setup:
     invocation: dict  # the layout-defining choices, matched against recorded expected metrics
     accelerate: dict  # the Accelerate config with overrides applied
     accelerate_overrides: dict  # {accelerate launch flag name: value}
-    training: dict  # effective training values: config.yaml < profile < command line
-    training_overrides: dict  # what is passed after `--config`
+    training: dict  # every training field as the ranks will parse it: config.yaml < profile < overrides
+    layers: list[Layer]  # the argv after `--config config.yaml`, by source
     plan: Plan
     output_dir: Path
+    notes: list[str] = field(default_factory=list)  # said before starting
+
+    @property
+    def training_argv(self) -> list[str]:
+        return [token for layer in self.layers for token in layer.argv]
 
 
-def _default_invocation(recipe: Recipe, profile: str) -> dict:
-    recorded = recipe.expected_metrics().get("profiles", {}).get(profile) or {}
-    return dict(recorded.get("invocation") or {})
+def _check_numbers(options: Options) -> None:
+    """Sizes that would break the plan itself (a negative mesh size gives a negative per-rank length)."""
+    bad = [f"--{k.replace('_', '-')}-size {v}" for k, v in (options.mesh or {}).items() if v is not None and v < 1]
+    if options.num_processes is not None and options.num_processes < 1:
+        bad.insert(0, f"--num-processes {options.num_processes}")
+    if options.num_machines is not None and options.num_machines < 1:
+        bad.append(f"--num-machines {options.num_machines}")
+    if bad:
+        raise LaunchError(f"{', '.join(bad)}: process counts and mesh sizes must be at least 1.")
 
 
 def resolve(options: Options, progress=print) -> Setup:
+    _check_numbers(options)
     recipe = find_recipe(options.recipe)
     profile = profiles.profile_name(options.smoke, options.cpu)
+    # The recipe's own Accelerate config is checked as written, even where this run overrides a value of it.
+    accelerate_config.check(recipe.accelerate_config_path, recipe.accelerate)
     accelerate = dict(recipe.accelerate)
     config = dict(recipe.config)
+    notes: list[str] = []
 
-    # A smoke run without explicit layout choices reuses the layout its expected metrics were recorded with.
-    invocation = {}
-    if options.smoke and options.num_processes is None and not options.mesh and not options.extra:
-        invocation = _default_invocation(recipe, profile)
-    num_processes = options.num_processes or invocation.get("num_processes")
-    mesh = dict(options.mesh or invocation.get("mesh") or {})
-    extra = list(options.extra or invocation.get("training_args") or [])
+    # A smoke run keeps the layout its expected metrics were recorded with, unless the user changes the layout.
+    recorded = dict(read_expected(recipe).get("profiles", {}).get(profile, {}).get("invocation") or {}) \
+        if options.smoke else {}
+    layout_given = options.num_processes is not None or bool(options.mesh)
+    if layout_given or not recorded:
+        num_processes, mesh = options.num_processes, dict(options.mesh or {})
+    else:
+        num_processes, mesh = recorded.get("num_processes"), dict(recorded.get("mesh") or {})
+    recorded_args = list(recorded.get("training_args") or [])
     invocation = {"num_processes": num_processes or int(accelerate.get("num_processes", 1)), "mesh": mesh,
-                  "training_args": extra}
+                  "training_args": recorded_args + list(options.extra)}
+    if layout_given and recorded:
+        notes.append(f"smoke layout changed to {invocation['num_processes']} process(es), mesh {mesh or 'as in the config'} "
+                     f"(recorded: {recorded.get('num_processes')} process(es), mesh {recorded.get('mesh') or 'as in the config'}); "
+                     "this run is not judged against the expected metrics")
 
     accel_overrides: dict = {}
     if num_processes:
@@ -88,21 +116,29 @@ def resolve(options: Options, progress=print) -> Setup:
         else:
             accelerate[key] = value
 
-    try:
-        cli = parse_cli_overrides(extra)
-    except ValueError as e:
-        raise LaunchError(f"Training arguments after `--`: {e}.") from None
-    training_overrides = profiles.training_overrides(config, options.smoke, options.cpu, progress=progress)
+    # The training argv after `--config config.yaml`, by source; later layers win, as in the ranks' parser.
+    make_parser = recipe.load_train_module().make_parser
+    user = Layer(AFTER_DASHES, list(options.extra))
+    # The recipe's own values are checked as written, even where the smoke profile replaces them.
+    own = merge(make_parser, recipe.config_path, config, [user])
+    output_dir = _output_dir(options, own, recipe, config, profile)
+    launcher: dict = {}
     if options.max_steps is not None:
-        training_overrides["max_steps"] = options.max_steps
-    if options.save_steps:
-        training_overrides.update(save_strategy="steps", save_steps=options.save_steps, save_total_limit=2)
-    output_dir = Path(options.output_dir or cli.get("output_dir") or _default_output_dir(recipe, config, profile))
-    training_overrides["output_dir"] = str(output_dir)
+        launcher["max_steps"] = options.max_steps
+    if options.save_steps is not None:
+        launcher.update(save_strategy="steps", save_steps=options.save_steps, save_total_limit=2)
     if options.resume:
-        training_overrides["resume_from_checkpoint"] = str(checkpoints.resolve_resume(output_dir, options.resume))
-    training_overrides.update(cli)
-    training = {**config, **training_overrides}
+        launcher["resume_from_checkpoint"] = str(checkpoints.resolve_resume(output_dir, options.resume))
+    launcher["output_dir"] = str(output_dir)
+    layers = [
+        Layer("the smoke/CPU profile", profiles.as_argv(profiles.training_overrides(config, options.smoke, options.cpu,
+                                                                                  progress=progress))),
+        Layer(f"the recorded smoke invocation in {recipe.expected_metrics_path}", recorded_args),
+        user,
+        Layer("the launcher's options", profiles.as_argv(launcher)),
+    ]
+    layers = [layer for layer in layers if layer.argv]
+    training = merge(make_parser, recipe.config_path, config, layers)
 
     return Setup(
         recipe=recipe,
@@ -112,13 +148,30 @@ def resolve(options: Options, progress=print) -> Setup:
         accelerate=accelerate,
         accelerate_overrides=accel_overrides,
         training=training,
-        training_overrides=training_overrides,
+        layers=layers,
         plan=make_plan(accelerate, training),
         output_dir=output_dir,
+        notes=notes,
     )
 
 
-def _default_output_dir(recipe: Recipe, config: dict, profile: str) -> Path:
+def _output_dir(options: Options, own: dict, recipe: Recipe, config: dict, profile: str) -> Path:
+    """The one output folder: --output-dir, or `-- --output_dir`, or the default; `~` expanded, absolute."""
+    given = "output_dir" in _keys(options.extra)
+    after_dashes = own.get("output_dir") if given else None
+    if options.output_dir and after_dashes and outdir.expand(after_dashes) != outdir.expand(options.output_dir):
+        raise LaunchError(
+            f"Two output folders were given: --output-dir {options.output_dir} and, after `--`, --output_dir "
+            f"{after_dashes}. The launcher writes its log and summary where the trainer writes its checkpoints: "
+            "give one of them."
+        )
+    if options.output_dir or after_dashes:
+        return outdir.expand(options.output_dir or after_dashes)
     if profile == "full-gpu" and config.get("output_dir"):
-        return Path(config["output_dir"])
+        return outdir.expand(REPO_ROOT / config["output_dir"]) if not Path(config["output_dir"]).is_absolute() \
+            else outdir.expand(config["output_dir"])
     return REPO_ROOT / "outputs" / recipe.name / profile
+
+
+def _keys(argv: list[str]) -> set[str]:
+    return {t[2:].split("=", 1)[0].replace("-", "_") for t in argv if t.startswith("--")}

@@ -1,23 +1,30 @@
-"""Validity rules, checked before any process starts. Each rule is written once, here, and used by the
-preflight (`python -m launch`), by `doctor`, and by the tests (tests/test_rules.py shows every message).
+"""Validity rules, checked before any process starts. Each rule is written once, here, and used by the preflight
+(`python -m launch`), by `doctor`, by the README tables (`launch.docs`) and by the tests (tests/test_rules.py shows
+every message).
 
-A rule takes the resolved `Setup` and the `Facts` of this machine and returns None when satisfied, or one
-paragraph saying what is wrong and how to fix it.
+A rule takes the resolved `Setup` and the `Facts` of this machine and returns None when satisfied, or one paragraph
+saying what is wrong and how to fix it. Rules only cover what upstream does not check before start: the merge of
+config.yaml and the command line (types, unknown keys) is TRL's parser (`launch.training_args`), the Accelerate
+config is Accelerate's classes (`launch.accelerate_config`), mesh sizes are Accelerate's `ParallelismConfig`.
+
+Two kinds: rules about the run itself (a broken one stops even `--dry-run`), and rules about *this machine*
+(`machine=True`: GPUs present, installed versions, files and hub access), which `--dry-run` reports without
+failing, since a plan is often made on a machine that will not run it.
 """
 
 from __future__ import annotations
 
-import difflib
-import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from packaging.version import Version
 
+from launch import hub
+from launch.constants import CP_ATTENTION, SP_ATTENTION, SP_ATTENTION_KEY
+from launch.training_args import effective
 
-# Version floors per feature (sources in ../shared/REFERENCE.md; also read by `launch doctor`).
+# Version floors per feature (upstream sources: Accelerate's FSDP2_PYTORCH_VERSION and its CP/SP checks, DeepSpeed's
+# ALST requirement; also read by `launch doctor`).
 FLOORS = {
     "deepspeed": {"deepspeed": "0.15.0"},
     "fsdp2": {"torch": "2.6.0", "accelerate": "1.7.0"},
@@ -38,16 +45,62 @@ class Facts:
 
     versions: dict = field(default_factory=dict)  # distribution name -> version string, or None if absent
     gpu_count: int = 0
-    model_config: dict | None = None  # the model's config.json, when it can be read locally
-    training_fields: frozenset = frozenset()  # every key the recipe's TRL parser accepts
+    model: hub.ModelConfig = field(default_factory=lambda: hub.ModelConfig(None, "not read"))
+    missing_inputs: list[str] = field(default_factory=list)  # model or dataset that cannot be found (launch.hub)
+
+    @property
+    def model_config(self):
+        return self.model.config
 
 
-RULES: list[Callable] = []
+@dataclass
+class Rule:
+    fn: Callable
+    machine: bool  # about this machine (GPUs, versions, files), not about the run
+    needs_model: bool  # reads the model's config; skipped (and said so) when it cannot be read
+    doc: tuple[str, str] | None  # (what must hold, what happens otherwise) for the recipe README tables
+    feature: str | None
+    applies: Callable | None  # for needs_model rules: whether the rule concerns this setup at all
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
 
 
-def rule(fn):
-    RULES.append(fn)
-    return fn
+RULES: list[Rule] = []
+
+
+def rule(machine=False, needs_model=False, feature=None, doc=None, applies=None):
+    def register(fn):
+        RULES.append(Rule(fn, machine, needs_model, doc, feature, applies))
+        return fn
+
+    return register
+
+
+@dataclass
+class Report:
+    problems: list[str]  # about the run: it cannot work anywhere
+    machine_problems: list[str]  # this machine could not run it
+    skipped: list[str]  # rules not checked because the model's config could not be read
+
+    @property
+    def all(self) -> list[str]:
+        return self.problems + self.machine_problems
+
+
+def check(setup, facts: Facts) -> Report:
+    """Every broken rule's message (empty lists when the setup is valid), split by kind."""
+    report = Report([], [], [])
+    for r in RULES:
+        if r.applies is not None and not r.applies(setup):
+            continue
+        if r.needs_model and facts.model_config is None:
+            report.skipped.append(r.name)
+            continue
+        if msg := r.fn(setup, facts):
+            (report.machine_problems if r.machine else report.problems).append(msg)
+    return report
 
 
 def features(setup) -> list[str]:
@@ -55,43 +108,43 @@ def features(setup) -> list[str]:
     out = []
     if acc.get("distributed_type") == "DEEPSPEED":
         out.append("deepspeed")
-    if acc.get("distributed_type") == "FSDP" and int((acc.get("fsdp_config") or {}).get("fsdp_version", 1)) == 2:
+    if _fsdp2(setup):
         out.append("fsdp2")
-    if setup.plan.mesh.get("cp", 1) > 1:
+    if _cp(setup) > 1:
         out.append("context_parallel")
-    if setup.plan.mesh.get("sp", 1) > 1:
+    if _sp(setup) > 1:
         out.append("sequence_parallel")
     return out
+
+
+def _fsdp2(setup) -> bool:
+    acc = setup.accelerate
+    return acc.get("distributed_type") == "FSDP" and int((acc.get("fsdp_config") or {}).get("fsdp_version", 1)) == 2
+
+
+def _sp(setup) -> int:
+    return setup.plan.mesh.get("sp", 1)
+
+
+def _cp(setup) -> int:
+    return setup.plan.mesh.get("cp", 1)
 
 
 def _public(version: str) -> Version:
     return Version(Version(version).public)
 
 
-@rule
-def config_keys_known(setup, facts: Facts):
-    if not facts.training_fields:
+def length_multiple_problem(setup, divisor: int, why: str) -> str | None:
+    """The one divisibility check of CP and SP: every batch is padded to `pad_to_multiple_of`, which must be a
+    multiple of `divisor`."""
+    multiple = setup.training.get("pad_to_multiple_of")
+    if multiple and int(multiple) % divisor == 0:
         return None
-    allowed = set(facts.training_fields) | {"env"}
-    problems = []
-    for source, keys in (
-        (str(setup.recipe.config_path), setup.recipe.config.keys()),
-        ("the training arguments after `--`", [k for k in setup.training_overrides if k not in setup.recipe.config]),
-    ):
-        for key in keys:
-            if key not in allowed:
-                close = difflib.get_close_matches(key, sorted(allowed), n=2)
-                hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-                problems.append(f"`{key}` in {source}{hint}")
-    if problems:
-        return (
-            "Unknown training argument(s): " + "; ".join(problems) + ". Keys must be fields of TRL's SFTConfig, "
-            "ModelConfig, ScriptArguments or the recipe's RecipeArguments (see its train.py)."
-        )
-    return None
+    return f"{why}; set pad_to_multiple_of to a multiple of {divisor} (it is {multiple})."
 
 
-@rule
+# ---- every run --------------------------------------------------------------------------------------------------
+@rule()
 def config_keys_required(setup, facts: Facts):
     missing = [k for k in REQUIRED_KEYS if setup.recipe.config.get(k) in (None, "")]
     if not (setup.training.get("dataset_name") or setup.training.get("datasets")):
@@ -104,11 +157,30 @@ def config_keys_required(setup, facts: Facts):
     return None
 
 
-@rule
+@rule()
+def numbers_positive(setup, facts: Facts):
+    # --num-processes, --num-machines and mesh sizes are checked by resolve() (the plan needs them);
+    # --max-steps and --save-steps arrive here as max_steps and save_steps.
+    t = setup.training
+    bad = []
+    for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "logging_steps"):
+        if t.get(key) is not None and t[key] <= 0:
+            bad.append(f"{key} {t[key]} (must be positive)")
+    if t.get("max_steps") is not None and (t["max_steps"] == 0 or t["max_steps"] < -1):
+        bad.append(f"max_steps {t['max_steps']} (a positive number of steps, or -1 for num_train_epochs)")
+    if str(t.get("save_strategy")) == "steps" and t.get("save_steps") is not None and t["save_steps"] <= 0:
+        bad.append(f"save_steps {t['save_steps']:g} with save_strategy steps (must be positive)")
+    if bad:
+        return "Invalid number(s): " + "; ".join(bad) + "."
+    return None
+
+
+@rule(feature="parallel", doc=(
+    "`num_processes` (all machines) = dp_replicate x dp_shard x tp x cp x sp",
+    "Accelerate: \"ParallelismConfig total_size (N) does not match num_processes (M)\" in the ranks; not checked at "
+    "all for DeepSpeed SP"))
 def processes_fit_layout(setup, facts: Facts):
     plan = setup.plan
-    if plan.world_size < 1:
-        return f"num_processes is {plan.world_size}; it must be at least 1."
     if plan.world_size % plan.num_machines:
         return (
             f"{plan.world_size} processes cannot be spread evenly over {plan.num_machines} machines; "
@@ -119,15 +191,36 @@ def processes_fit_layout(setup, facts: Facts):
         product = m["dp_replicate"] * m["dp_shard"] * m["tp"] * m["cp"] * m["sp"]
         if product != plan.world_size:
             dims = " x ".join(f"{k}={v}" for k, v in m.items())
+            # Accelerate checks this in the ranks only, and not at all for DeepSpeed SP (its num_processes is per node)
             return (
                 f"The recipe's parallel layout ({dims} = {product}) does not use {plan.world_size} processes: "
-                "dp_replicate x dp_shard x tp x cp x sp must equal the number of processes. Pass a matching "
-                "--num-processes, or change the mesh sizes (--dp-shard-size, --sp-size, --cp-size ...)."
+                "dp_replicate x dp_shard x tp x cp x sp must equal the number of processes on all machines together. "
+                "Pass a matching --num-processes, or change the mesh sizes (--dp-shard-size, --sp-size, --cp-size ...)."
             )
     return None
 
 
-@rule
+@rule()
+def multinode_rendezvous(setup, facts: Facts):
+    o, machines = setup.options, setup.plan.num_machines
+    if machines <= 1:
+        return None
+    problems = []
+    if not o.main_process_ip:
+        problems.append("--main-process-ip (the address of machine rank 0) is not set, so the other machines would wait "
+                        "for a rendezvous with no host")
+    rank = o.machine_rank or 0
+    if not 0 <= rank < machines:
+        problems.append(f"--machine-rank {rank} is outside 0..{machines - 1}")
+    port = o.main_process_port
+    if port is not None and not 1 <= port <= 65535:
+        problems.append(f"--main-process-port {port} is not a TCP port (1-65535)")
+    if problems:
+        return f"Multi-node run over {machines} machines: " + "; ".join(problems) + "."
+    return None
+
+
+@rule(machine=True)
 def enough_gpus(setup, facts: Facts):
     if setup.options.cpu:
         return None
@@ -140,6 +233,19 @@ def enough_gpus(setup, facts: Facts):
             "reservation, or run the smoke profile on CPU with --smoke --cpu."
         )
     return None
+
+
+@rule(machine=True)
+def model_and_data_found(setup, facts: Facts):
+    if facts.missing_inputs:
+        return "The run could not load its inputs: " + "; ".join(facts.missing_inputs) + "."
+    return None
+
+
+def missing_inputs(training: dict) -> list[str]:
+    """What model_and_data_found reports: a model or dataset that cannot be found from this machine."""
+    return [p for p in (hub.model_problem(training.get("model_name_or_path")),
+                        hub.dataset_problem(training.get("dataset_name"))) if p]
 
 
 def floor_problems(feature_names, versions: dict) -> list[str]:
@@ -157,17 +263,17 @@ def floor_problems(feature_names, versions: dict) -> list[str]:
     return problems
 
 
-@rule
+@rule(machine=True)
 def version_floors(setup, facts: Facts):
     problems = floor_problems(features(setup), facts.versions)
     if problems:
         return "Installed versions are below what this recipe needs: " + "; ".join(problems) + (
-            ". Install the pinned versions (requirements/pins.txt; `bash ci/test.sh` or the container does)."
+            ". Install the pinned versions (requirements/; `bash ci/test.sh` or the container does)."
         )
     return None
 
 
-@rule
+@rule()
 def precision_fits_device(setup, facts: Facts):
     if setup.options.cpu and (setup.training.get("bf16") or setup.training.get("fp16")):
         return (
@@ -177,44 +283,36 @@ def precision_fits_device(setup, facts: Facts):
     return None
 
 
-@rule
+@rule(feature="context_parallel", doc=(
+    "`gradient_checkpointing: false` (FSDP checkpoints instead)",
+    "Trainer: \"`fsdp_config['activation_checkpointing']` (FSDP's own activation checkpointing) and the "
+    "`activation_checkpointing` training argument can't both be set to True. ...\""))
 def checkpointing_not_twice(setup, facts: Facts):
     fsdp = setup.accelerate.get("fsdp_config") or {}
-    # SFTConfig defaults gradient_checkpointing to True, so an unset key counts as on.
-    if fsdp.get("fsdp_activation_checkpointing") and setup.training.get("gradient_checkpointing", True):
+    # `activation_checkpointing` is the current name, `gradient_checkpointing` its deprecated alias (TRL defaults it on)
+    if fsdp.get("fsdp_activation_checkpointing") and effective(setup.training, "activation_checkpointing"):
         return (
             "FSDP activation checkpointing (fsdp_activation_checkpointing in the Accelerate config) and "
-            "gradient_checkpointing in the training arguments cannot both be on (transformers refuses it; TRL's "
-            "SFTConfig defaults gradient_checkpointing to true). Set `gradient_checkpointing: false` in config.yaml."
+            "activation_checkpointing / gradient_checkpointing in the training arguments cannot both be on "
+            "(transformers refuses it; TRL's SFTConfig defaults gradient_checkpointing to true). Set "
+            "`gradient_checkpointing: false` in config.yaml (or pass --no_gradient_checkpointing)."
         )
     return None
 
 
 # ---- Sequence parallelism (ALST/Ulysses, DeepSpeed) -----------------------------------------------------------
-SP_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
-
-
-def _sp(setup) -> int:
-    return setup.plan.mesh.get("sp", 1)
-
-
-def _pc(setup) -> dict:
-    return setup.accelerate.get("parallelism_config") or {}
-
-
-@rule
+@rule(needs_model=True, feature="sequence_parallel", applies=lambda setup: _sp(setup) > 1, doc=(
+    "query heads divisible by sp; KV heads divide sp or are divisible by it",
+    "DeepSpeed: \"Attention head count ... is not divisible by SP size ...\""))
 def sp_heads_divisible(setup, facts: Facts):
-    sp, cfg = _sp(setup), facts.model_config
-    if sp <= 1 or not cfg:
-        return None
-    q = cfg.get("num_attention_heads")
-    kv = cfg.get("num_key_value_heads") or q
+    sp = _sp(setup)
+    cfg = facts.model_config
+    q = getattr(cfg, "num_attention_heads", None)
+    kv = getattr(cfg, "num_key_value_heads", None) or q
     problems = []
     if q and q % sp:
-        # DeepSpeed: "Attention head count {q} is not divisible by SP size {sp}"
         problems.append(f"its {q} query heads are not divisible by sp_size={sp}")
     if kv and kv % sp and sp % kv:
-        # DeepSpeed: "KV attention head count {kv} is not divisible by SP size {sp} or vice versa"
         problems.append(f"its {kv} KV heads neither divide sp_size={sp} nor are divisible by it")
     if problems:
         return (f"Ulysses sequence parallelism splits attention heads across the sp group, and the model "
@@ -223,40 +321,46 @@ def sp_heads_divisible(setup, facts: Facts):
     return None
 
 
-@rule
+@rule(feature="sequence_parallel", doc=(
+    "`pad_to_multiple_of` a multiple of sp",
+    "DeepSpeed: \"batch's seqlen=L isn't divisible by sp-size=S\""))
 def sp_sequence_divisible(setup, facts: Facts):
     sp = _sp(setup)
     if sp <= 1:
         return None
-    multiple = setup.training.get("pad_to_multiple_of")
-    if not multiple or int(multiple) % sp:
-        return (f"With sp_size={sp} every batch's sequence length must be divisible by {sp} (DeepSpeed: \"batch's "
-                f"seqlen=L isn't divisible by sp-size={sp}\"); set pad_to_multiple_of to a multiple of {sp} "
-                f"(it is {multiple}).")
-    if setup.options.cpu and int(multiple) != int(setup.training.get("max_length") or 0):
+    if problem := length_multiple_problem(setup, sp, (
+            f"With sp_size={sp} every batch's sequence length must be divisible by {sp} (DeepSpeed: \"batch's "
+            f"seqlen=L isn't divisible by sp-size={sp}\")")):
+        return problem
+    t = setup.training
+    if setup.options.cpu and int(t["pad_to_multiple_of"]) != int(t.get("max_length") or 0):
         return ("On CPU, gloo all-gathers only equal shapes (\"ProcessGroupGloo::allgather: invalid tensor size\"), so "
                 "every SP batch must have the same length: set pad_to_multiple_of equal to max_length "
-                f"({setup.training.get('max_length')}).")
+                f"({t.get('max_length')}).")
     return None
 
 
-@rule
+@rule(feature="sequence_parallel", doc=(
+    "`attn_implementation` FlashAttention 2/3 or SDPA, equal to `parallelism_config_sp_attn_implementation`",
+    "DeepSpeed refuses eager and flex attention, and a mismatch (\"core_attn_implementation ... does not match\")"))
 def sp_attention_supported(setup, facts: Facts):
     if _sp(setup) <= 1:
         return None
     model_attn = setup.training.get("attn_implementation")
-    sp_attn = _pc(setup).get("parallelism_config_sp_attn_implementation", model_attn)
+    sp_attn = (setup.accelerate.get("parallelism_config") or {}).get(SP_ATTENTION_KEY, model_attn)
     if model_attn not in SP_ATTENTION or sp_attn not in SP_ATTENTION:
         return (f"Ulysses sequence parallelism needs FlashAttention 2/3 or SDPA; got attn_implementation="
-                f"{model_attn}, parallelism_config_sp_attn_implementation={sp_attn}. Eager and flex attention are "
+                f"{model_attn}, {SP_ATTENTION_KEY}={sp_attn}. Eager and flex attention are "
                 "refused (their 4D attention mask is dropped).")
     if model_attn != sp_attn:
-        return (f"attn_implementation ({model_attn}) and parallelism_config_sp_attn_implementation ({sp_attn}) must be "
+        return (f"attn_implementation ({model_attn}) and {SP_ATTENTION_KEY} ({sp_attn}) must be "
                 "the same (DeepSpeed: \"core_attn_implementation ... does not match model config attn_implementation\").")
     return None
 
 
-@rule
+@rule(feature="sequence_parallel", doc=(
+    "`packing_strategy: wrapped` (or no packing), `padding_free` off",
+    "IndexError in DeepSpeed's UlyssesSPDataLoaderAdapter.refill (bfd packing's 1-D cu_seq_lens cannot be sharded)"))
 def sp_packing_safe(setup, facts: Facts):
     if _sp(setup) <= 1:
         return None
@@ -269,7 +373,9 @@ def sp_packing_safe(setup, facts: Facts):
     return None
 
 
-@rule
+@rule(feature="sequence_parallel", doc=(
+    "DeepSpeed ZeRO stage 1, 2 or 3",
+    "stage 0 crashes (DeepSpeed #7833)"))
 def sp_zero_stage(setup, facts: Facts):
     if _sp(setup) > 1 and setup.plan.zero_stage not in (1, 2, 3):
         return (f"Ulysses sequence parallelism runs on DeepSpeed ZeRO stage 1, 2 or 3 (stage {setup.plan.zero_stage} "
@@ -277,7 +383,7 @@ def sp_zero_stage(setup, facts: Facts):
     return None
 
 
-@rule
+@rule(feature="alst", doc=("`tiled_mlp` only with DeepSpeed", "wrong gradients: DDP and FSDP would reduce a partial one"))
 def tiled_mlp_needs_deepspeed(setup, facts: Facts):
     if setup.training.get("tiled_mlp") and setup.accelerate.get("distributed_type") != "DEEPSPEED":
         return ("`tiled_mlp` needs DeepSpeed (ZeRO stage 1-3): DeepSpeed's TiledMLP accumulates each weight's gradient "
@@ -285,7 +391,8 @@ def tiled_mlp_needs_deepspeed(setup, facts: Facts):
     return None
 
 
-@rule
+@rule(feature="alst", doc=("no TRL `activation_offloading` with ZeRO-3 (use `gradient_checkpointing_kwargs: {offload: true}`)",
+           "AttributeError: 'Tensor' object has no attribute 'ds_status' in TRL's fused loss"))
 def activation_offloading_without_zero3(setup, facts: Facts):
     if setup.training.get("activation_offloading") and setup.plan.zero_stage == 3:
         return ("activation_offloading cannot be combined with DeepSpeed ZeRO-3 here: TRL's offloader works through "
@@ -297,7 +404,7 @@ def activation_offloading_without_zero3(setup, facts: Facts):
     return None
 
 
-@rule
+@rule(feature="sequence_parallel")
 def sp_resume_needs_data_skip(setup, facts: Facts):
     t = setup.training
     if _sp(setup) > 1 and t.get("resume_from_checkpoint") and not t.get("ignore_data_skip"):
@@ -310,58 +417,48 @@ def sp_resume_needs_data_skip(setup, facts: Facts):
 
 
 # ---- Ring-attention context parallelism (FSDP2) ------------------------------------------------------------------
-def _cp(setup) -> int:
-    return setup.plan.mesh.get("cp", 1)
-
-
-@rule
-def cp_and_sp_exclusive(setup, facts: Facts):
-    if _cp(setup) > 1 and _sp(setup) > 1:
-        return ("Context parallelism (cp_size) and sequence parallelism (sp_size) cannot be combined (Accelerate: "
-                "\"Context Parallelism (CP) and Sequence Parallelism (SP) are mutually exclusive\"). Pick one.")
-    return None
-
-
-@rule
+@rule(feature="context_parallel", doc=(
+    "FSDP version 2",
+    "Accelerate: \"Using `cp_size>1` requires FSDP2, but the provided `fsdp_plugin` is using FSDP1.\""))
 def cp_needs_fsdp2(setup, facts: Facts):
-    acc = setup.accelerate
-    if _cp(setup) > 1 and not (acc.get("distributed_type") == "FSDP"
-                               and int((acc.get("fsdp_config") or {}).get("fsdp_version", 1)) == 2):
+    if _cp(setup) > 1 and not _fsdp2(setup):
         return ("Ring-attention context parallelism runs on FSDP2 only: set distributed_type: FSDP and "
                 "fsdp_config.fsdp_version: 2 in the Accelerate config (Accelerate: \"Using `cp_size>1` requires FSDP2\").")
     return None
 
 
-@rule
+@rule(feature="context_parallel", doc=(
+    "`pad_to_multiple_of` a multiple of 2 x cp",
+    "a length not divisible by cp: uneven shards and the collectives fail; divisible by cp but not 2 x cp: torch "
+    "silently turns load balancing off"))
 def cp_sequence_divisible(setup, facts: Facts):
     cp = _cp(setup)
     if cp <= 1:
         return None
-    multiple = setup.training.get("pad_to_multiple_of")
-    if not multiple or int(multiple) % (2 * cp):
-        return (f"With cp_size={cp} every sequence length must be divisible by 2 x cp_size = {2 * cp}: torch's "
-                "head-tail load balancing cuts it into 2 x cp chunks (a length not divisible by cp makes the "
-                "collectives fail; one divisible by cp only silently unbalances the work). Set pad_to_multiple_of "
-                f"to a multiple of {2 * cp} (it is {multiple}).")
-    return None
+    return length_multiple_problem(setup, 2 * cp, (
+        f"With cp_size={cp} every sequence length must be divisible by 2 x cp_size = {2 * cp}: torch's head-tail "
+        "load balancing cuts it into 2 x cp chunks (a length not divisible by cp makes the collectives fail; one "
+        "divisible by cp only silently unbalances the work)"))
 
 
-@rule
+@rule(feature="context_parallel", doc=(
+    "`attn_implementation: sdpa`",
+    "Trainer: \"Context parallelism is supported only with SDPA attention, you are using ...\""))
 def cp_attention_sdpa(setup, facts: Facts):
     attn = setup.training.get("attn_implementation")
-    if _cp(setup) > 1 and attn != "sdpa":
+    if _cp(setup) > 1 and attn != CP_ATTENTION:
         return (f"Ring-attention context parallelism supports SDPA attention only, not {attn} (transformers: "
                 "\"Context parallelism is supported only with SDPA attention\"). Set attn_implementation: sdpa.")
     return None
 
 
-@rule
+@rule(needs_model=True, feature="context_parallel", applies=lambda setup: _cp(setup) > 1, doc=(
+    "a full-attention model (no sliding-window layers)",
+    "CP computes full causal attention: the window would silently widen (accelerate PR #4177 refuses it)"))
 def cp_causal_only(setup, facts: Facts):
-    cfg = facts.model_config or {}
-    if _cp(setup) <= 1:
-        return None
-    layer_types = cfg.get("layer_types") or []
-    sliding = cfg.get("use_sliding_window") or any("sliding" in str(t) for t in layer_types)
+    cfg = facts.model_config
+    layer_types = getattr(cfg, "layer_types", None) or []
+    sliding = getattr(cfg, "use_sliding_window", False) or any("sliding" in str(t) for t in layer_types)
     if sliding:
         return (f"The model ({setup.training.get('model_name_or_path')}) uses sliding-window attention; context "
                 "parallelism only computes full causal attention and would silently widen the window (accelerate PR "
@@ -369,7 +466,9 @@ def cp_causal_only(setup, facts: Facts):
     return None
 
 
-@rule
+@rule(feature="context_parallel", doc=(
+    "`packing: false`",
+    "TRL: \"Packing is not compatible with context parallelism (`cp_size > 1`). ...\""))
 def cp_no_packing(setup, facts: Facts):
     if _cp(setup) > 1 and (setup.training.get("packing") or setup.training.get("padding_free")):
         return ("Packing is not compatible with context parallelism (TRL: \"Packing is not compatible with context "
@@ -378,7 +477,7 @@ def cp_no_packing(setup, facts: Facts):
     return None
 
 
-@rule
+@rule()
 def cp_no_param_offload_on_cpu(setup, facts: Facts):
     if _cp(setup) > 1 and setup.options.cpu and (setup.accelerate.get("fsdp_config") or {}).get("fsdp_offload_params"):
         return ("fsdp_offload_params moves parameters from the accelerator to host memory; on a CPU run it fails "
@@ -386,28 +485,13 @@ def cp_no_param_offload_on_cpu(setup, facts: Facts):
     return None
 
 
-def check(setup, facts: Facts) -> list[str]:
-    """Every broken rule's message (empty when the setup is valid)."""
-    return [msg for fn in RULES if (msg := fn(setup, facts))]
+def by_name(name: str) -> Rule:
+    return next(r for r in RULES if r.name == name)
 
 
-def read_model_config(name_or_path: str | None) -> dict | None:
-    """The model's config.json from a local folder or the local Hugging Face cache; None if not available."""
-    if not name_or_path:
+def skipped_line(setup, facts: Facts, report: Report) -> str | None:
+    """One line saying which model-dependent rules were not checked, and why."""
+    if not report.skipped:
         return None
-    local = Path(name_or_path) / "config.json"
-    if local.is_file():
-        return json.loads(local.read_text())
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(name_or_path, "config.json")
-        if isinstance(cached, str):
-            return json.loads(Path(cached).read_text())
-        if os.environ.get("HF_HUB_OFFLINE") != "1":
-            from huggingface_hub import hf_hub_download
-
-            return json.loads(Path(hf_hub_download(name_or_path, "config.json", etag_timeout=10)).read_text())
-    except Exception:  # noqa: BLE001 - an unreachable config only skips the head-count rules
-        pass
-    return None
+    return (f"model config of {setup.training.get('model_name_or_path')} not read ({facts.model.problem}): not "
+            f"checked: {', '.join(report.skipped)}")

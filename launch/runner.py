@@ -1,16 +1,22 @@
-"""One run from start to verdict: resolve, validate, plan, launch, collect, judge, summarize."""
+"""One run from start to verdict: resolve, validate, plan, claim the output folder, launch, supervise, collect,
+judge, summarize. Everything before `outdir.claim` only reads: a refused run leaves nothing behind."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 
-from launch import checkpoints, command, doctor, metrics, rules, supervise
+from launch import checkpoints, command, doctor, envvars, hub, metrics, monitor, outdir, rules, supervise
 from launch.recipes import LaunchError
 from launch.resolve import resolve
+
+# Hang timeout floors (seconds), per profile kind; the watchdog also scales them with the slowest step it sees.
+HANG_FLOOR_S = {"smoke": 60.0, "full": 900.0}
+RENDEZVOUS_TIMEOUT_S = 300.0
 
 
 def say(msg: str) -> None:
@@ -18,30 +24,22 @@ def say(msg: str) -> None:
 
 
 def gather_facts(setup) -> rules.Facts:
-    parser = setup.recipe.load_train_module().make_parser()
-    fields = {f.name for dc in parser.dataclass_types for f in dc.__dataclass_fields__.values()}
     gpu_count = 0 if setup.options.cpu else doctor.gpu_info()[0]
     return rules.Facts(
         versions=doctor.installed_versions(),
         gpu_count=gpu_count,
-        model_config=rules.read_model_config(setup.training.get("model_name_or_path")),
-        training_fields=frozenset(fields),
+        model=hub.read_model_config(setup.training.get("model_name_or_path")),
+        missing_inputs=rules.missing_inputs(setup.training),
     )
 
 
-MIN_FREE_BYTES = int(os.environ.get("LAUNCH_MIN_FREE_MB", "200")) * 2**20
-
-
-def check_output_dir(path: Path, min_free: int = MIN_FREE_BYTES) -> None:
-    """An unwritable or full output folder is found now, not after an hour of training."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise LaunchError(f"The output folder {path} is not writable ({e.strerror}). Pass --output-dir.") from None
-    free = shutil.disk_usage(path).free
+def check_free_space(path: Path, min_free: int | None = None) -> None:
+    """A full output file system is found now, not after an hour of training (reads only)."""
+    min_free = envvars.min_free_bytes() if min_free is None else min_free
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
     if free < min_free:
         raise LaunchError(
             f"Only {free / 2**20:.0f} MiB are free under {path}; checkpoints, logs and the final weights need more "
@@ -49,38 +47,99 @@ def check_output_dir(path: Path, min_free: int = MIN_FREE_BYTES) -> None:
         )
 
 
-def child_env(setup) -> dict:
+def check_writable(path: Path) -> None:
+    try:
+        probe = path / ".launch" / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise LaunchError(f"The output folder {path} is not writable ({e.strerror}). Pass --output-dir.") from None
+
+
+def child_env(setup, monitor_dir: Path) -> dict:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
+    env[monitor.ENV] = str(monitor_dir)
     if setup.options.smoke:
         # Smoke runs are offline by construction: the model and the data are local files.
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     return env
 
 
-def launch(options, dry_run: bool = False, record: bool = False) -> int:
+def wait_for_rendezvous(host: str, port: int, timeout: float) -> None:
+    """Machine ranks > 0: wait (bounded) until machine rank 0 accepts connections, instead of torchrun's silent wait."""
+    say(f"waiting up to {timeout:.0f} s for machine rank 0 at {host}:{port}")
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=min(5.0, timeout)):
+                return
+        except OSError as e:
+            last = e
+            time.sleep(1.0)
+    raise LaunchError(f"Machine rank 0 at {host}:{port} did not answer within {timeout:.0f} s ({last}). Check "
+                      "--main-process-ip / --main-process-port (MASTER_ADDR / MASTER_PORT), that machine rank 0 "
+                      "has started, and the firewall; --rendezvous-timeout sets this wait.")
+
+
+def launch(options, dry_run: bool = False, record: bool = False, hang_timeout: float | None = None,
+           rendezvous_timeout: float = RENDEZVOUS_TIMEOUT_S) -> int:
     setup = resolve(options, progress=say)
     if os.environ.get("LAUNCH_DOCTOR_AT_START") == "1" and not dry_run:
         if doctor.run_doctor(setup, strict=True, out=lambda m: say(f"doctor: {m}")):
             raise LaunchError("The environment check failed (see the PROBLEM lines above); nothing was started.")
-    problems = rules.check(setup, gather_facts(setup))
-    if problems and not dry_run:
-        raise LaunchError("\n\n".join(problems))
+    facts = gather_facts(setup)
+    report = rules.check(setup, facts)
+    min_free = envvars.min_free_bytes()
+    try:
+        claim = outdir.check(setup.output_dir, resume=bool(options.resume), overwrite=options.overwrite,
+                             machine_rank=options.machine_rank or 0)
+        check_free_space(setup.output_dir, min_free)
+    except LaunchError as e:
+        if not dry_run:
+            raise
+        report.machine_problems.append(str(e))
+        claim = None
 
     cmd = command.build_command(setup)
     say(f"recipe {setup.recipe.name}, profile {setup.profile}")
+    if line := rules.skipped_line(setup, facts, report):
+        say(line)
     print(setup.plan.describe(), flush=True)
     print(command.display(cmd), flush=True)
+    for note in setup.notes + (claim.notes if claim else []):
+        say(note)
     if dry_run:
-        if problems:  # the plan is still worth seeing, e.g. an 8-GPU recipe planned on a laptop
-            raise LaunchError("the plan above would not start:\n\n" + "\n\n".join(problems))
+        if report.problems:
+            raise LaunchError("the plan above would not start:\n\n" + "\n\n".join(report.all))
+        if report.machine_problems:  # e.g. an 8-GPU recipe planned on a laptop: the plan is valid
+            say("the plan is valid, but this machine could not run it:\n\n" + "\n\n".join(report.machine_problems))
         return 0
+    if report.all:
+        raise LaunchError("\n\n".join(report.all))
 
-    check_output_dir(setup.output_dir)
+    if (options.machine_rank or 0) > 0:
+        wait_for_rendezvous(options.main_process_ip, options.main_process_port or 29500, rendezvous_timeout)
+    outdir.claim(claim, command=" ".join(cmd))
+    try:
+        check_writable(setup.output_dir)
+        return _run(setup, cmd, record, hang_timeout)
+    finally:
+        outdir.release(claim)
+
+
+def _run(setup, cmd, record, hang_timeout) -> int:
     log_path = setup.output_dir / "launch.log"
     log_start = log_path.stat().st_size if log_path.exists() else 0
+    monitor_dir = setup.output_dir / ".launch" / "heartbeat"
+    shutil.rmtree(monitor_dir, ignore_errors=True)
+    floor = hang_timeout or HANG_FLOOR_S["smoke" if setup.options.smoke else "full"]
+    per_machine = setup.plan.processes_per_machine
+    first = (setup.options.machine_rank or 0) * per_machine
+    watchdog = supervise.Watchdog(monitor_dir, list(range(first, first + per_machine)), floor)
     started = time.time()
-    rc, stopped_by = supervise.run(cmd, log_path, env=child_env(setup))
+    rc, stopped_by = supervise.run(cmd, log_path, env=child_env(setup, monitor_dir), watchdog=watchdog)
     wall = time.time() - started
 
     state = setup.output_dir / "trainer_state.json"
@@ -89,15 +148,17 @@ def launch(options, dry_run: bool = False, record: bool = False) -> int:
     observed = metrics.step_metrics(history)
     verdict = None
     status = rc
-    if rc != 0:
-        why = f"stopped by {stopped_by}" if stopped_by else f"exited with status {rc}"
-        say(f"training {why}; the full log is {log_path}")
-        failure = supervise.failure_summary(log_path, since=log_start)
-        if failure:
+    if rc != 0 or stopped_by:
+        why = stopped_by.split(": ", 1)[0] if stopped_by else None
+        say(f"training {'stopped by ' + why if why else f'exited with status {rc}'}; the full log is {log_path}")
+        if stopped_by and stopped_by.startswith("hang: "):
+            say(stopped_by[len("hang: "):])
+        elif failure := supervise.failure_summary(log_path, since=log_start):
             say(failure)
         last = checkpoints.newest_complete(setup.output_dir)
         if last is not None:
             say(f"last complete checkpoint: {last}; continue with the same command plus --resume")
+        status = 130 if stopped_by == "SIGINT" else (rc or 1)
     elif record:
         if not observed["loss"]:
             raise LaunchError(f"The run logged no per-step loss in {setup.output_dir}/trainer_state.json.")

@@ -3,6 +3,11 @@
 The job runs in its own process group so that every rank can be stopped together: on Ctrl-C or SIGTERM the
 launcher sends SIGTERM to the whole group, waits GRACE_SECONDS, then SIGKILLs what is left. Everything the job
 prints is also written to OUTPUT_DIR/launch.log, so nothing is lost when a run fails.
+
+A rank that dies ends the job through torchrun. A rank that stops making progress without dying (a deadlock, a
+stuck collective, a hung data loader) would keep the others waiting in their next collective until its timeout
+(30 minutes by default): the `Watchdog` reads the ranks' heartbeats (`launch.monitor`) and stops the job when no
+rank has made progress for the hang timeout, naming the rank(s) that fell behind.
 """
 
 from __future__ import annotations
@@ -17,6 +22,55 @@ import time
 from pathlib import Path
 
 GRACE_SECONDS = 30
+POLL_SECONDS = 0.5
+
+
+class Watchdog:
+    """Decides, from the ranks' heartbeats, that the job hangs: no heartbeat anywhere for `timeout` seconds, where
+    timeout = max(floor, FACTOR x the longest pause between two heartbeats seen so far), so that a recipe whose
+    steps take minutes gets minutes. Before the first heartbeat (model loading, tokenization) it does not judge."""
+
+    FACTOR = 5
+
+    def __init__(self, folder: Path, ranks: list[int], floor: float):
+        self.folder, self.ranks, self.floor = folder, list(ranks), floor  # ranks: this machine's global ranks
+        self.last_seen: float | None = None
+        self.longest_gap = 0.0
+
+    @property
+    def timeout(self) -> float:
+        return max(self.floor, self.FACTOR * self.longest_gap)
+
+    def check(self, now: float | None = None) -> str | None:
+        from launch.monitor import PHASES, read_heartbeats
+
+        now = time.time() if now is None else now
+        beats = read_heartbeats(self.folder)
+        if not beats:
+            return None
+        newest = max(b["time"] for b in beats.values())
+        if self.last_seen is not None and newest > self.last_seen:
+            self.longest_gap = max(self.longest_gap, newest - self.last_seen)
+        self.last_seen = newest
+        if all(b["event"] == "train_end" for b in beats.values()) and set(beats) >= set(self.ranks):
+            return None
+        if now - newest <= self.timeout:
+            return None
+        progress = {r: (b["step"], PHASES.get(b["event"], 0)) for r, b in beats.items()}
+        missing = sorted(set(self.ranks) - set(beats))
+        if missing:
+            behind, where = missing, "before training started"
+        else:
+            low = min(progress.values())
+            behind = sorted(r for r, p in progress.items() if p == low)
+            b = beats[behind[0]]
+            where = {"train_begin": "before its first step", "step_begin": f"in step {b['step']}",
+                     "step_end": f"after step {b['step']}"}.get(b["event"], f"at {b['event']} {b['step']}")
+        others = "" if len(behind) == len(self.ranks) else (
+            f"; the other ranks got further and wait for {'it' if len(behind) == 1 else 'them'}")
+        ranks = ", ".join(map(str, behind))
+        return (f"rank{'s' if len(behind) > 1 else ''} {ranks} stopped making progress {where} (no heartbeat from "
+                f"any rank for {now - newest:.0f} s, hang timeout {self.timeout:.0f} s{others})")
 
 
 def _kill_group(pgid: int, sig: int) -> None:
@@ -26,8 +80,9 @@ def _kill_group(pgid: int, sig: int) -> None:
         pass
 
 
-def run(cmd: list[str], log_path: Path, env: dict | None = None, echo=True) -> tuple[int, str | None]:
-    """Run cmd to completion. Returns (exit status, the signal name that stopped it or None)."""
+def run(cmd: list[str], log_path: Path, env: dict | None = None, echo=True,
+        watchdog: Watchdog | None = None) -> tuple[int, str | None]:
+    """Run cmd to completion. Returns (exit status, what stopped it: a signal name, "hang: <why>", or None)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     stopped_by: list[str] = []
     proc = subprocess.Popen(
@@ -48,11 +103,15 @@ def run(cmd: list[str], log_path: Path, env: dict | None = None, echo=True) -> t
             sel = selectors.DefaultSelector()
             sel.register(proc.stdout, selectors.EVENT_READ)
             while True:
+                if watchdog is not None and not stopped_by and (hang := watchdog.check()):
+                    stopped_by.append(f"hang: {hang}")
+                    sys.stderr.write(f"\n[launch] {hang}: stopping all ranks (SIGKILL in {GRACE_SECONDS}s)\n")
+                    _kill_group(pgid, signal.SIGTERM)
                 if stopped_by and deadline is None:
                     deadline = time.monotonic() + GRACE_SECONDS
                 if deadline is not None and time.monotonic() > deadline:
                     _kill_group(pgid, signal.SIGKILL)
-                for _key, _ in sel.select(timeout=0.5):
+                for _key, _ in sel.select(timeout=POLL_SECONDS):
                     chunk = os.read(proc.stdout.fileno(), 65536)
                     if chunk:
                         log.write(chunk)

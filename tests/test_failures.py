@@ -16,30 +16,41 @@ from collections import namedtuple
 import psutil
 import pytest
 
-from conftest import REPO, explain, launch_cli
-from launch import checkpoints, runner
+from conftest import REPO, explain, launch_cli, test_env
+from launch import checkpoints, outdir, runner
 from launch.recipes import LaunchError
 
 
 def test_unwritable_output_dir_is_found_before_training(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    with pytest.raises(LaunchError, match="is not writable"):
-        runner.check_output_dir(blocker / "out")
+    with pytest.raises(LaunchError, match="cannot be created: .*a-file is a file"):
+        outdir.check(blocker / "out", resume=False, overwrite=False)
 
 
 def test_full_disk_is_found_before_training(tmp_path, monkeypatch):
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(10 * 2**30, 10 * 2**30 - 5 * 2**20, 5 * 2**20))
     with pytest.raises(LaunchError, match=r"Only 5 MiB are free under .*at least 200 MiB"):
-        runner.check_output_dir(tmp_path / "out")
+        runner.check_free_space(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def _safetensors(path, keep: int | None = None) -> None:
+    """A real safetensors file of one 16-float tensor, cut to `keep` bytes if given."""
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(16)}, str(path))
+    if keep is not None:
+        path.write_bytes(path.read_bytes()[:keep])
 
 
 def test_a_half_written_checkpoint_is_never_picked(tmp_path):
     for step, done in ((3, True), (6, True), (9, False)):
         folder = tmp_path / f"checkpoint-{step}"
         folder.mkdir()
-        (folder / "model.safetensors").write_text("")
+        _safetensors(folder / "model.safetensors")
         if done:
             (folder / "trainer_state.json").write_text("{}")
     assert checkpoints.newest_complete(tmp_path) == tmp_path / "checkpoint-6"
@@ -48,6 +59,27 @@ def test_a_half_written_checkpoint_is_never_picked(tmp_path):
         checkpoints.resolve_resume(tmp_path, str(tmp_path / "checkpoint-9"))
     with pytest.raises(LaunchError, match="no complete checkpoint"):
         checkpoints.resolve_resume(tmp_path / "empty", "latest")
+
+
+def test_a_checkpoint_with_truncated_weights_is_never_picked(tmp_path):
+    for step in (3, 6):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text("{}")
+        _safetensors(folder / "model.safetensors")
+    size = (tmp_path / "checkpoint-6" / "model.safetensors").stat().st_size
+    _safetensors(tmp_path / "checkpoint-6" / "model.safetensors", keep=size - 8)
+    assert checkpoints.problems(tmp_path / "checkpoint-6") == [
+        f"model.safetensors: truncated ({size - 8} bytes, its tensors need {size})"]
+    assert checkpoints.newest_complete(tmp_path) == tmp_path / "checkpoint-3"
+    # a torch.save zip cut short (DeepSpeed's *_optim_states.pt, the Trainer's optimizer.pt)
+    import torch
+
+    torch.save({"x": torch.zeros(1000)}, tmp_path / "checkpoint-3" / "optimizer.pt")
+    assert checkpoints.problems(tmp_path / "checkpoint-3") == []
+    data = (tmp_path / "checkpoint-3" / "optimizer.pt").read_bytes()
+    (tmp_path / "checkpoint-3" / "optimizer.pt").write_bytes(data[: len(data) // 2])
+    assert checkpoints.problems(tmp_path / "checkpoint-3") == ["optimizer.pt: truncated (its zip directory is missing)"]
 
 
 # ---- end to end: a dying rank, Ctrl-C, resume, final weights ---------------------------------------------------
@@ -74,7 +106,7 @@ def test_a_dying_rank_ends_the_job_and_resume_continues_identically(recipe, tmp_
     # rank 1 raises at the end of step 7; checkpoints every 3 steps, so checkpoint-6 is the newest complete one
     started = time.monotonic()
     proc = launch_cli(recipe, "--smoke", "--cpu", "--save-steps", "3", "--output-dir", out,
-                      env={"RECIPES_TEST_FAULT": "1:7:raise"})
+                      fault="1:7:raise")
     elapsed = time.monotonic() - started
     assert proc.returncode != 0, explain(proc)
     assert "first failure: rank 1" in proc.stdout and "RuntimeError: injected failure" in proc.stdout, explain(proc)
@@ -98,8 +130,7 @@ def test_a_dying_rank_ends_the_job_and_resume_continues_identically(recipe, tmp_
 @pytest.mark.slow
 def test_ctrl_c_stops_every_rank_keeps_the_checkpoint_and_says_how_to_resume(tmp_path):
     out = tmp_path / "out"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               RECIPES_TEST_FAULT="0:5:hang")  # rank 0 stops responding after step 5 (checkpoint-3 is complete)
+    env = test_env(fault="0:5:hang")  # rank 0 stops responding after step 5 (checkpoint-3 is complete)
     proc = subprocess.Popen([sys.executable, "-m", "launch", "ddp", "--smoke", "--cpu", "--save-steps", "3",
                              "--output-dir", str(out)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

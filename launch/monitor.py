@@ -1,0 +1,69 @@
+"""What `python -m launch` watches inside the training ranks, as Trainer callbacks the train script adds only when the
+launcher asks (it sets LAUNCH_MONITOR_DIR; under plain `accelerate launch` nothing is added).
+
+- Heartbeats: each rank rewrites `<dir>/rank<RANK>.json` with its last event (train_begin, step_begin, step_end,
+  train_end) and step, so the launcher can tell a rank that stopped making progress from one that waits for it
+  (`launch.supervise.Watchdog`).
+
+Rank side: no import of the launcher's other modules, nothing that can fail a training run (a write error is
+ignored: a missing heartbeat can only make the launcher's hang timeout fire later, never earlier).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+ENV = "LAUNCH_MONITOR_DIR"
+PHASES = {"train_begin": 0, "step_begin": 1, "step_end": 2, "train_end": 3}
+
+
+def add_callbacks(trainer) -> None:
+    """Called by train.py when LAUNCH_MONITOR_DIR is set."""
+    folder = Path(os.environ[ENV])
+    trainer.add_callback(_heartbeat_callback(folder))
+
+
+def _heartbeat_callback(folder: Path):
+    from transformers import TrainerCallback
+
+    rank = int(os.environ.get("RANK", "0"))
+    path = folder / f"rank{rank}.json"
+
+    def beat(event: str, step: int) -> None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"rank": rank, "event": event, "step": step, "time": time.time()}))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+
+    class Heartbeat(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            beat("train_begin", state.global_step)
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            beat("step_begin", state.global_step + 1)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            beat("step_end", state.global_step)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            beat("train_end", state.global_step)
+
+    return Heartbeat()
+
+
+def read_heartbeats(folder: Path) -> dict[int, dict]:
+    """The launcher's side: {rank: last heartbeat}."""
+    out = {}
+    for path in folder.glob("rank*.json"):
+        try:
+            beat = json.loads(path.read_text())
+            out[int(beat["rank"])] = beat
+        except (OSError, ValueError, KeyError):
+            continue
+    return out

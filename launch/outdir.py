@@ -1,0 +1,217 @@
+"""The output folder belongs to the run, and only to the run.
+
+- A folder is the launcher's when it holds `.launch/manifest.json`, which lists the top-level entries that runs
+  created there. A folder that holds anything else (a repository, a recipe folder, a home folder, a file someone put
+  there) is refused: TRL writes `OUTPUT_DIR/README.md` at every save and rotates `checkpoint-*` folders, so a run must
+  never share a folder with files it did not create.
+- An earlier run's checkpoints or final weights are kept unless the user says `--resume` (continue) or
+  `--overwrite` (which names what it deletes, and deletes only entries the manifest lists).
+- While a run is in the folder it holds `.launch/lock-machine<RANK>` (one per machine, for shared file systems);
+  a second launcher is refused with the holder's process id, start time and command; a lock whose holder is dead
+  is taken over with a message, and what the dead run left (entries newer than its start) is adopted as its output.
+- Nothing is created until every check has passed: `check()` only reads, `claim()` creates.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launch.recipes import LaunchError
+
+META = ".launch"
+MANIFEST = "manifest.json"
+EARLIER_RUN = re.compile(r"^(checkpoint-\d+|final)$")
+
+
+@dataclass
+class Claim:
+    """What `check()` found and `claim()` will do."""
+
+    path: Path
+    machine_rank: int = 0
+    new: bool = True  # the folder does not exist yet or is empty
+    delete: list[str] = field(default_factory=list)  # --overwrite: manifest entries to delete
+    stale_lock: dict | None = None  # a dead holder's lock, taken over
+    before: set[str] = field(default_factory=set)  # top-level entries before the run
+    lock_path: Path | None = None
+    notes: list[str] = field(default_factory=list)  # what to tell the user before starting
+
+
+def expand(path: str | os.PathLike) -> Path:
+    """`~` expanded (also in `--output-dir=~/x`, which the shell leaves alone), made absolute."""
+    return Path(os.path.expanduser(str(path))).absolute()
+
+
+def _manifest(path: Path) -> dict | None:
+    file = path / META / MANIFEST
+    if not file.is_file():
+        return None
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("entries"), list) else None
+
+
+def _lock_file(path: Path, machine_rank: int) -> Path:
+    return path / META / f"lock-machine{machine_rank}"
+
+
+def read_lock(lock: Path) -> dict | None:
+    try:
+        return json.loads(lock.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {} if lock.exists() else None
+
+
+def holder_alive(info: dict) -> bool:
+    """The lock's process still runs (same host; a recycled pid started after the lock is not its holder)."""
+    if info.get("host") != socket.gethostname():
+        return True  # cannot tell from here: treat as held
+    pid = info.get("pid")
+    if not isinstance(pid, int):
+        return False
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        return proc.create_time() <= float(info.get("started", 0)) + 1.0
+    except Exception:  # noqa: BLE001 - NoSuchProcess, AccessDenied, psutil missing
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+
+
+def _when(epoch) -> str:
+    return datetime.datetime.fromtimestamp(float(epoch)).isoformat(sep=" ", timespec="seconds")
+
+
+def check(path: Path, resume: bool, overwrite: bool, machine_rank: int = 0) -> Claim:
+    """Everything that must hold before the folder may be used; reads only."""
+    claim = Claim(path=path, machine_rank=machine_rank)
+    if path.exists() and not path.is_dir():
+        raise LaunchError(f"The output folder {path} is a file. Pass another --output-dir.")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        why = "is a file" if not existing.is_dir() else "is not writable"
+        raise LaunchError(f"The output folder {path} cannot be created: {existing} {why}. Pass another --output-dir.")
+    entries = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    claim.before = set(entries)
+    if not [e for e in entries if e != META]:
+        if resume:
+            raise LaunchError(f"--resume: {path} holds no earlier run to continue.")
+        return claim
+    claim.new = False
+    manifest = _manifest(path)
+    if manifest is None:
+        shown = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "")
+        raise LaunchError(
+            f"The output folder {path} already holds files this launcher did not write there ({shown}). A run writes "
+            "checkpoints, weights and a README.md model card into its output folder and rotates old checkpoints, so "
+            "it only uses an empty folder or one an earlier run of this launcher made. Pass a new --output-dir."
+        )
+    lock = _lock_file(path, machine_rank)
+    info = read_lock(lock)
+    if info is not None:
+        if holder_alive(info):
+            raise LaunchError(
+                f"Another launcher is using {path}: process {info.get('pid')} on {info.get('host')}, started "
+                f"{_when(info.get('started', 0))} ({info.get('command', '?')}). Wait for it to finish, stop it, or "
+                f"pass another --output-dir. (If that process is gone, delete {lock}.)"
+            )
+        claim.stale_lock = info
+        claim.notes.append(f"taking over the lock of process {info.get('pid')} (started "
+                           f"{_when(info.get('started', 0))}), which is no longer running")
+    known = set(manifest["entries"]) | _adoptable(path, entries, claim.stale_lock)
+    foreign = [e for e in entries if e != META and e not in known]
+    if foreign:
+        raise LaunchError(
+            f"The output folder {path} holds files no run of this launcher created: {', '.join(foreign[:6])}. "
+            "Move them elsewhere, or pass another --output-dir: a run never shares its folder with other files."
+        )
+    earlier = [e for e in entries if EARLIER_RUN.match(e)]
+    if overwrite:
+        claim.delete = sorted(e for e in entries if e != META and e in known)
+        if claim.delete:
+            claim.notes.append(f"--overwrite: deleting the earlier run's {', '.join(claim.delete)} in {path}")
+    elif earlier and not resume:
+        raise LaunchError(
+            f"The output folder {path} holds an earlier run's checkpoints or final weights ({', '.join(earlier)}). Pass --resume to continue it, "
+            f"--overwrite to delete that run's files ({', '.join(sorted(e for e in entries if e != META))}) and start "
+            "again, or another --output-dir."
+        )
+    return claim
+
+
+def _adoptable(path: Path, entries: list[str], stale: dict | None) -> set[str]:
+    """Entries written by a run that died before updating the manifest: newer than its lock's start."""
+    if not stale or "started" not in stale:
+        return set()
+    started = float(stale["started"]) - 1.0
+    return {e for e in entries if e != META and (path / e).lstat().st_mtime >= started}
+
+
+def claim(c: Claim, command: str) -> Claim:
+    """Create the folder, delete what --overwrite named, take the lock. Call only after every check passed."""
+    meta = c.path / META
+    meta.mkdir(parents=True, exist_ok=True)
+    manifest = _manifest(c.path) or {"entries": []}
+    if c.stale_lock:
+        manifest["entries"] = sorted(set(manifest["entries"]) | _adoptable(c.path, sorted(c.before), c.stale_lock))
+    for name in c.delete:
+        target = c.path / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+    manifest["entries"] = sorted(set(manifest["entries"]) - set(c.delete))
+    _write_manifest(c.path, manifest)
+    c.before = {p.name for p in c.path.iterdir()}
+    lock = _lock_file(c.path, c.machine_rank)
+    if c.stale_lock is not None:
+        lock.unlink(missing_ok=True)
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "command": command}
+    try:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        other = read_lock(lock) or {}
+        raise LaunchError(f"Another launcher took {c.path} a moment ago (process {other.get('pid')}). Pass another "
+                          "--output-dir.") from None
+    with os.fdopen(fd, "w") as f:
+        json.dump(info, f)
+    c.lock_path = lock
+    return c
+
+
+def release(c: Claim) -> None:
+    """Record what the run created in the manifest, then drop the lock."""
+    if c.lock_path is None:
+        return
+    try:
+        manifest = _manifest(c.path) or {"entries": []}
+        now = {p.name for p in c.path.iterdir()} - {META}
+        manifest["entries"] = sorted((set(manifest["entries"]) & now) | (now - c.before))
+        _write_manifest(c.path, manifest)
+    finally:
+        c.lock_path.unlink(missing_ok=True)
+        c.lock_path = None
+
+
+def _write_manifest(path: Path, manifest: dict) -> None:
+    manifest["about"] = ("Written by `python -m launch`: the entries runs created in this folder. --overwrite deletes "
+                         "only these; a folder without this file is never used as an output folder.")
+    tmp = path / META / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, path / META / MANIFEST)

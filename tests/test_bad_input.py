@@ -1,0 +1,293 @@
+"""Bad input, table-driven: every case is refused before any process starts, with one clear paragraph, and leaves
+the disk as it was; valid input that an earlier launcher refused or mangled is accepted and passed on unchanged.
+
+The launcher runs in-process (`launch.__main__.main`), with `subprocess.Popen` replaced by a function that fails
+the test: a row that got as far as starting `accelerate launch` cannot pass. Each row snapshots the files under the
+test's folder and the repository (sizes and modification times) before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, shows
+from launch import outdir, rules
+from launch.__main__ import main
+from launch.recipes import RECIPES_DIR, find_recipe
+
+
+# ---- fixtures: each takes the test's folder and returns {placeholder: value} for the row's argv -------------------
+def copy_recipe(tmp: Path, base="zero3", config=None, accelerate=None) -> Path:
+    folder = tmp / "my-recipe"
+    shutil.copytree(RECIPES_DIR / base, folder)
+    if config:
+        cfg = yaml.safe_load((folder / "config.yaml").read_text())
+        cfg.update(config)
+        (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    if accelerate:
+        acc = yaml.safe_load(find_recipe(base).accelerate_config_path.read_text())
+        acc.update(accelerate)
+        (folder / "accelerate.yaml").write_text(yaml.safe_dump(acc))
+        cfg = yaml.safe_load((folder / "config.yaml").read_text())
+        cfg["accelerate_config"] = "accelerate.yaml"
+        (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return folder
+
+
+def earlier_run(tmp: Path, checkpoint_files=None) -> Path:
+    """An output folder as an earlier run of the launcher left it: checkpoint-8, final, logs, manifest."""
+    out = tmp / "out"
+    claim = outdir.claim(outdir.check(out, resume=False, overwrite=False), command="earlier run")
+    (out / "checkpoint-8").mkdir(parents=True)
+    (out / "checkpoint-8" / "trainer_state.json").write_text("{}")
+    for name, data in (checkpoint_files or {}).items():
+        (out / "checkpoint-8" / name).write_bytes(data)
+    (out / "final").mkdir()
+    (out / "launch.log").write_text("earlier run\n")
+    outdir.release(claim)
+    return out
+
+
+def truncated_safetensors() -> bytes:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1024], "data_offsets": [0, 4096]}}).encode()
+    return len(header).to_bytes(8, "little") + header + b"\0" * 100  # 4096 bytes of data promised, 100 written
+
+
+FIXTURES = {
+    "none": lambda tmp: {},
+    "learning_rate_fast": lambda tmp: {"recipe": copy_recipe(tmp, config={"learning_rate": "fast"})},
+    "ga_float_in_yaml": lambda tmp: {"recipe": copy_recipe(tmp, config={"gradient_accumulation_steps": 2.5})},
+    "num_processes_eight": lambda tmp: {"recipe": copy_recipe(tmp, accelerate={"num_processes": "eight"})},
+    "mixed_precison": lambda tmp: {"recipe": copy_recipe(tmp, accelerate={"mixed_precison": "bf16"})},
+    "multi_gpuu": lambda tmp: {"recipe": copy_recipe(tmp, accelerate={"distributed_type": "MULTI_GPUU"})},
+    "zero_stag": lambda tmp: {"recipe": copy_recipe(tmp, accelerate={"deepspeed_config": {"zero_stag": 3}})},
+    "earlier_run": lambda tmp: {"out": earlier_run(tmp)},
+    "truncated_checkpoint": lambda tmp: {"out": earlier_run(tmp, {"model.safetensors": truncated_safetensors()})},
+    "foreign_file": lambda tmp: {"out": _foreign(tmp)},
+    "locked": lambda tmp: {"out": _locked(tmp)},
+    "broken_expected": lambda tmp: {"recipe": _broken_expected(tmp)},
+}
+
+
+def _foreign(tmp):
+    (tmp / "notes").mkdir()
+    (tmp / "notes" / "README.md").write_text("my notes\n")
+    return tmp / "notes"
+
+
+def _locked(tmp):
+    out = earlier_run(tmp)
+    lock = out / ".launch" / "lock-machine0"
+    lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time() - 5,
+                                "command": "python -m launch zero3 (the first launcher)"}))
+    return out
+
+
+def _broken_expected(tmp):
+    folder = copy_recipe(tmp)
+    text = (folder / "expected_metrics.json").read_text()
+    (folder / "expected_metrics.json").write_text(text[: len(text) // 2])
+    return folder
+
+
+# ---- the table: (id, argv, fixture, exit status, message fragment) ----------------------------------------------
+REFUSED = [
+    # output folder (README.md replaced by a model card, checkpoints rotated away, two launchers in one folder)
+    ("output-dir-is-the-repo", "ddp --smoke --cpu --save-steps 6 --output-dir {repo}", "none", 2,
+     "already holds files this launcher did not write there"),
+    ("output-dir-with-foreign-files", "ddp --smoke --cpu --output-dir {out}", "foreign_file", 2,
+     "already holds files this launcher did not write there (README.md)"),
+    ("earlier-checkpoints-without-resume", "ddp --smoke --cpu --output-dir {out}", "earlier_run", 2,
+     "holds an earlier run's checkpoints or final weights (checkpoint-8, final). Pass --resume"),
+    ("second-launcher-same-folder", "ddp --smoke --cpu --resume --output-dir {out}", "locked", 2,
+     f"Another launcher is using {{out}}: process {os.getpid()}"),
+    ("two-output-folders", "ddp --smoke --cpu --output-dir {tmp}/a -- --output_dir {tmp}/b", "none", 2,
+     "Two output folders were given"),
+    # training arguments, typed by the recipe's own TrlParser
+    ("ga-not-an-integer", "ddp --smoke --cpu --dry-run -- --gradient_accumulation_steps 2.5", "none", 2,
+     "the training arguments after `--`: `gradient_accumulation_steps` is '2.5'; expected an integer"),
+    ("ga-float-in-config-yaml", "{recipe} --smoke --cpu --dry-run", "ga_float_in_yaml", 2,
+     "`gradient_accumulation_steps: 2.5`: expected an integer"),
+    ("learning-rate-fast-under-smoke", "{recipe} --smoke --cpu --dry-run", "learning_rate_fast", 2,
+     "config.yaml: `learning_rate` is 'fast'; expected a number"),
+    ("unknown-key-abbreviation", "ddp --smoke --cpu --dry-run -- --learning_rat 1", "none", 2,
+     "`learning_rat` in the training arguments after `--` (did you mean learning_rate?)"),
+    ("bad-choice", "ddp --smoke --cpu --dry-run -- --lr_scheduler_type fastest", "none", 2,
+     "`lr_scheduler_type` is 'fastest'; expected one of 'linear'"),
+    ("bad-json-dict", "ddp --smoke --cpu --dry-run -- --model_init_kwargs {{oops", "none", 2,
+     "`model_init_kwargs` is not valid JSON"),
+    # Accelerate config, checked with Accelerate's own classes
+    ("num-processes-eight-under-smoke", "{recipe} --smoke --cpu --dry-run", "num_processes_eight", 2,
+     "`num_processes: 'eight'`: expected an integer"),
+    ("accelerate-key-typo", "{recipe} --smoke --cpu --dry-run", "mixed_precison", 2,
+     "unknown key `mixed_precison` (did you mean mixed_precision?)"),
+    ("accelerate-enum-typo", "{recipe} --smoke --cpu --dry-run", "multi_gpuu", 2,
+     "'MULTI_GPUU' is not a valid DistributedType"),
+    ("accelerate-nested-key-typo", "{recipe} --smoke --cpu --dry-run", "zero_stag", 2,
+     "`deepspeed_config.zero_stag` is not an `accelerate launch` setting"),
+    # numbers and layout
+    ("zero-processes", "ddp --smoke --cpu --num-processes 0", "none", 2, "--num-processes 0: process counts"),
+    ("negative-sp", "alst-ulysses-4gpu --smoke --cpu --sp-size -2 --dry-run", "none", 2, "--sp-size -2"),
+    ("negative-dp-shard", "alst-ulysses-4gpu --smoke --cpu --dp-shard-size -1 --dry-run", "none", 2,
+     "--dp-shard-size -1"),
+    ("zero-max-steps", "ddp --smoke --cpu --max-steps 0", "none", 2, "max_steps 0 (a positive number of steps"),
+    ("negative-save-steps", "ddp --smoke --cpu --save-steps -4", "none", 2, "save_steps -4 with save_strategy steps"),
+    ("zero-save-steps", "ddp --smoke --cpu --save-steps 0", "none", 2, "save_steps 0 with save_strategy steps"),
+    ("layout-does-not-use-the-processes", "alst-ulysses-4gpu --smoke --cpu --num-processes 3", "none", 2,
+     "does not use 3 processes"),
+    ("cp-and-sp-together", "ring-cp-2gpu --smoke --cpu --num-processes 4 --sp-size 2", "none", 2,
+     "mutually exclusive"),
+    ("fsdp-with-activation-checkpointing", "ring-cp-2gpu --smoke --cpu -- --activation_checkpointing true", "none",
+     2, "cannot both be on"),
+    # multi-node
+    ("two-machines-no-address", "ddp --smoke --cpu --num-machines 2", "none", 2,
+     "--main-process-ip (the address of machine rank 0) is not set"),
+    ("machine-rank-outside", "ddp --smoke --cpu --num-machines 2 --machine-rank 3 --main-process-ip 127.0.0.1",
+     "none", 2, "--machine-rank 3 is outside 0..1"),
+    ("port-out-of-range", "ddp --smoke --cpu --num-machines 2 --main-process-ip 127.0.0.1 --main-process-port 70000",
+     "none", 2, "--main-process-port 70000 is not a TCP port"),
+    # inputs that do not exist, found before the ranks start
+    ("model-path-missing", "ddp --smoke --cpu -- --model_name_or_path ./no-such-model", "none", 2,
+     "the model folder ./no-such-model does not exist"),
+    ("dataset-path-missing", "ddp --smoke --cpu -- --dataset_name /no/such/data", "none", 2,
+     "the dataset /no/such/data does not exist"),
+    ("hub-id-malformed", "ddp --smoke --cpu -- --model_name_or_path not//valid", "none", 2,
+     "the model folder not//valid does not exist"),
+    ("hub-id-not-cached-offline", "ddp --smoke --cpu -- --model_name_or_path some-org/not-cached", "none", 2,
+     "offline (HF_HUB_OFFLINE) and the model some-org/not-cached is not in the Hugging Face cache"),
+    ("expected-metrics-truncated", "{recipe} --smoke --cpu", "broken_expected", 2,
+     "expected_metrics.json is not valid JSON"),
+    ("resume-from-truncated-weights", "ddp --smoke --cpu --output-dir {out} --resume {out}/checkpoint-8",
+     "truncated_checkpoint", 2, "model.safetensors: truncated"),
+    ("resume-latest-truncated-weights", "ddp --smoke --cpu --output-dir {out} --resume", "truncated_checkpoint", 2,
+     "no complete checkpoint"),
+    ("unknown-recipe", "zero4 --smoke --cpu", "none", 2, "Unknown recipe `zero4`. Did you mean"),
+]
+ENV_REFUSED = [
+    ("min-free-not-a-number", "ddp --smoke --cpu --dry-run", {"LAUNCH_MIN_FREE_MB": "abc"}, 2,
+     "LAUNCH_MIN_FREE_MB='abc' is not an integer"),
+    ("slurm-nnodes-not-a-number", "ddp --smoke --cpu --dry-run", {"SLURM_NNODES": "two"}, 2,
+     "SLURM_NNODES='two' is not an integer"),
+]
+
+
+def _snapshot(*roots: Path) -> dict:
+    files = {}
+    for root in roots:
+        if not root.exists():
+            continue
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d not in (".git", ".venv", "__pycache__", ".pytest_cache")]
+            for name in filenames + dirnames:
+                p = Path(dirpath) / name
+                st = p.lstat()
+                files[str(p)] = (st.st_size if p.is_file() else -1, st.st_mtime_ns)
+    return files
+
+
+@pytest.fixture
+def no_spawn(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError(f"the launcher started a process: {args[0] if args else kwargs}")
+
+    monkeypatch.setattr(subprocess, "Popen", forbidden)
+
+
+def _run(argv: str, values: dict, capsys) -> tuple[int, str, str]:
+    tokens = [t.format(**values) for t in argv.split()]
+    rc = main(tokens)
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def _values(tmp_path, fixture) -> dict:
+    values = {"repo": str(REPO), "tmp": str(tmp_path), "out": str(tmp_path / "out"), "recipe": "zero3"}
+    values.update({k: str(v) for k, v in FIXTURES[fixture](tmp_path).items()})
+    return values
+
+
+@shows(rules.numbers_positive)
+@shows(rules.multinode_rendezvous)
+@shows(rules.model_and_data_found)
+@pytest.mark.parametrize("case", REFUSED, ids=[c[0] for c in REFUSED])
+def test_bad_input_is_refused_before_anything_starts(case, tmp_path, capsys, no_spawn):
+    _id, argv, fixture, status, fragment = case
+    values = _values(tmp_path, fixture)
+    roots = (tmp_path, REPO / "recipes", REPO / "accelerate_configs", REPO / "outputs", REPO / "templates")
+    before = _snapshot(*roots) | {str(p): None for p in REPO.iterdir()}
+    rc, out, err = _run(argv, values, capsys)
+    assert rc == status, f"exit {rc}\n{out[-2000:]}\n{err[-2000:]}"
+    assert fragment.format(**values) in err, err[-3000:]
+    assert "Traceback" not in err + out
+    assert _snapshot(*roots) | {str(p): None for p in REPO.iterdir()} == before, "files were created or changed"
+
+
+@pytest.mark.parametrize("case", ENV_REFUSED, ids=[c[0] for c in ENV_REFUSED])
+def test_bad_environment_variable_is_named(case, tmp_path, capsys, no_spawn, monkeypatch):
+    _id, argv, env, status, fragment = case
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    rc, out, err = _run(argv, _values(tmp_path, "none"), capsys)
+    assert rc == status and fragment in err and "Traceback" not in err, err
+
+
+def test_ctrl_c_during_the_checks_is_one_line_and_status_130(tmp_path, capsys, no_spawn, monkeypatch):
+    from launch import runner
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "gather_facts", interrupted)
+    rc, out, err = _run("ddp --smoke --cpu --output-dir {out}", _values(tmp_path, "none"), capsys)
+    assert rc == 130
+    assert err.strip() == "[launch] interrupted (Ctrl-C)" and "Traceback" not in out
+    assert not (tmp_path / "out").exists()
+
+
+# ---- valid input: accepted and passed on unchanged ----------------------------------------------------------------
+def _dry_run(argv: str, tmp_path, capsys) -> tuple[str, list[str]]:
+    own, dashes, extra = argv.partition(" -- ")
+    rc, out, err = _run(own + " --dry-run" + dashes + extra, _values(tmp_path, "none"), capsys)
+    assert rc == 0, err[-3000:]
+    return out, [line.strip().rstrip("\\").strip() for line in out.splitlines()]
+
+
+@pytest.mark.parametrize("extra,passed", [
+    ("--no_gradient_checkpointing", "--no_gradient_checkpointing"),
+    ("--lora_target_modules q_proj v_proj", "--lora_target_modules q_proj v_proj"),
+    ("--run_name 007", "--run_name 007"),
+    ("--gradient_accumulation_steps 2", "--gradient_accumulation_steps 2"),
+])
+def test_valid_training_arguments_pass_through_unchanged(extra, passed, tmp_path, capsys, no_spawn):
+    out, _lines = _dry_run(f"ddp --smoke --cpu -- {extra}", tmp_path, capsys)
+    assert " ".join(passed.split()) in " ".join(out.replace("\\\n", " ").split())
+
+
+def test_plan_shows_the_values_passed(tmp_path, capsys, no_spawn):
+    out, _ = _dry_run("ddp --smoke --cpu -- --gradient_accumulation_steps 3 --per_device_train_batch_size 2", tmp_path,
+                      capsys)
+    assert "gradient accumulation    3" in out and "effective global batch   12 sequences" in out  # 2 x 2 x 3
+
+
+def test_output_dir_tilde_is_expanded_and_the_launcher_owns_it(tmp_path, capsys, no_spawn, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    out, _ = _dry_run("ddp --smoke --cpu --output-dir=~/x", tmp_path, capsys)
+    assert f"--output_dir {tmp_path}/x" in out
+    out, _ = _dry_run("ddp --smoke --cpu -- --output_dir 2024", tmp_path, capsys)
+    assert f"--output_dir {Path.cwd() / '2024'}" in out
+
+
+def test_extra_training_arguments_keep_the_recorded_smoke_layout(tmp_path, capsys, no_spawn):
+    out, _ = _dry_run("ddp --smoke --cpu -- --seed 7", tmp_path, capsys)
+    assert "world size               2 process(es)" in out  # the recorded layout, not the config's 8
+    out, _ = _dry_run("ddp --smoke --cpu --num-processes 4", tmp_path, capsys)
+    assert "smoke layout changed to 4 process(es)" in out and "not judged" in out
