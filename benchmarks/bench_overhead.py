@@ -1,0 +1,58 @@
+"""How much `--bench` adds to a run's step time: the same smoke run, alternately without and with `--bench`, compared
+on the Trainer's own `train_runtime` (trainer_state.json), which neither variant measures differently.
+
+    python benchmarks/bench_overhead.py [--recipe ddp] [--pairs 5] [--max-steps 40]
+
+A benchmark, not a test: it prints the medians, the spread and the overhead with the machine it ran on. On a busy
+machine the run-to-run spread can exceed the overhead; the spread is printed so that the figure can be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(recipe: str, bench: bool, max_steps: int, out: Path) -> float:
+    cmd = [sys.executable, "-m", "launch", recipe, "--smoke", "--cpu", "--max-steps", str(max_steps),
+           "--output-dir", str(out)] + (["--bench"] if bench else [])
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    return next(h["train_runtime"] for h in reversed(history) if "train_runtime" in h)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--recipe", default="ddp")
+    p.add_argument("--pairs", type=int, default=5)
+    p.add_argument("--max-steps", type=int, default=40)
+    ns = p.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
+    times = {False: [], True: []}
+    for i in range(ns.pairs):
+        for bench in ((False, True) if i % 2 == 0 else (True, False)):  # alternate the order against drift
+            times[bench].append(run(ns.recipe, bench, ns.max_steps, root / f"{i}-{int(bench)}"))
+            print(f"pair {i + 1}: {'--bench' if bench else 'plain  '} train_runtime {times[bench][-1]:.3f} s", flush=True)
+    plain, bench = statistics.median(times[False]), statistics.median(times[True])
+    spread = max(statistics.pstdev(times[False]), statistics.pstdev(times[True])) / plain
+    print(f"\n{ns.recipe} smoke on CPU, {ns.max_steps} steps, {ns.pairs} pairs, {os.cpu_count()} cores, "
+          f"{platform.processor() or platform.machine()}")
+    print(f"median train_runtime: plain {plain:.3f} s, --bench {bench:.3f} s: overhead {100 * (bench - plain) / plain:+.1f}% "
+          f"(run-to-run spread {100 * spread:.1f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""`python -m launch bench RECIPE --max-length auto [run options] [-- training args]` (GPU hosts): the longest
+global sequence length that really trains here.
+
+Starts from the planner's answer for this machine's GPUs, runs a few real steps per try (`--bench`, warm-up + 2
+measured steps) in a fresh launcher process each time, so that an out-of-memory error ends only that try, and
+bisects (`launch.bench.search_longest`). Prints the table of tries: length, result, step time, peak reserved memory
+against the planner's prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from launch import bench, doctor, hub, planner
+from launch.recipes import LaunchError
+
+OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
+MEASURED_STEPS = 2
+
+
+def main(argv: list[str]) -> int:
+    from launch.__main__ import options_from, run_parser, split_extra
+    from launch.resolve import resolve
+
+    own, extra = split_extra(argv)
+    if "--max-length" not in own:
+        raise LaunchError("usage: python -m launch bench RECIPE --max-length auto [run options] [-- training args]")
+    i = own.index("--max-length")
+    if own[i + 1:i + 2] != ["auto"]:
+        raise LaunchError("bench searches the longest length: pass --max-length auto (for one length, run the recipe "
+                          "with --bench -- --max_length L).")
+    own = own[:i] + own[i + 2:]
+    ns = run_parser("python -m launch bench").parse_args(own)
+    if ns.cpu or doctor.gpu_info()[0] == 0:
+        raise LaunchError("bench --max-length auto searches on this machine's GPUs, and it has none: out-of-memory is "
+                          "what it looks for. Use `python -m launch plan RECIPE --max-length auto` to plan for a "
+                          "target machine instead.")
+    setup = resolve(options_from(ns, extra), progress=lambda *_: None)
+    model = hub.read_model_config(setup.training.get("model_name_or_path"))
+    arch = planner.architecture(model, setup.training.get("model_name_or_path"))
+    target = planner.Target(setup.plan.processes_per_machine, setup.plan.num_machines, doctor.gpu_memory_gib(),
+                            doctor.host_memory_gib())
+    plan = planner.make(setup, arch, target, auto=True)
+    start = plan.longest or plan.multiple
+    print(f"[launch] bench: planner's longest length for {target.gpus_per_node} x {target.gpu_memory_gib:.1f} GiB: "
+          f"{start:,} (a multiple of {plan.multiple}); trying from there", flush=True)
+
+    root = Path(tempfile.mkdtemp(prefix=f"bench-{setup.recipe.name}-"))
+    results: dict[int, dict] = {}
+
+    def trial(length: int) -> tuple[bool, str]:
+        out = root / str(length)
+        cmd = [sys.executable, "-m", "launch", *own, "--bench", "--bench-steps", str(MEASURED_STEPS),
+               "--output-dir", str(out), "--force", "--", *extra, "--max_length", str(length)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        log = (out / "launch.log").read_text(errors="replace") if (out / "launch.log").is_file() else proc.stdout
+        summary = json.loads((out / "run_summary.json").read_text()) if (out / "run_summary.json").is_file() else {}
+        measured = ((summary.get("bench") or {}).get("overall") or {})
+        oom = any(m in log for m in OOM_MARKERS)
+        ok = proc.returncode == 0 and not oom
+        detail = "trains" if ok else ("out of memory" if oom else f"failed (exit {proc.returncode}; see {out})")
+        results[length] = {"ok": ok, "detail": detail, "step_s": measured.get("step_time_s_median"),
+                           "reserved_gib": measured.get("peak_reserved_gib")}
+        print(f"[launch] bench: {length:,} tokens: {detail}", flush=True)
+        return ok, detail
+
+    longest, tries = bench.search_longest(start, plan.multiple, trial)
+    print(f"\n{'max_length':>12} {'result':<16} {'step (s)':>9} {'reserved GiB':>13} {'predicted GiB':>14}")
+    for length, _ok, _detail in tries:
+        r = results[length]
+        predicted = planner.make(_with_length(setup, length), arch, target).estimate.gpu_peak_gib
+        step = f"{r['step_s']:.2f}" if r["step_s"] else "-"
+        reserved = f"{r['reserved_gib']:.1f}" if r["reserved_gib"] else "-"
+        print(f"{length:>12,} {r['detail'][:16]:<16} {step:>9} {reserved:>13} {predicted:>14.1f}")
+    print(f"\nlongest length that trains here: {longest:,} (planner: {start:,}); runs in {root}")
+    return 0 if longest else 1
+
+
+def _with_length(setup, length: int):
+    from dataclasses import replace
+
+    return replace(setup, training={**setup.training, "max_length": length})
