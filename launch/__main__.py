@@ -4,6 +4,8 @@
     python -m launch doctor [RECIPE] [--cpu]
     python -m launch RECIPE [--smoke] [--cpu] [--num-processes N] [--sp-size N] ... [--dry-run] [-- training args]
     python -m launch record RECIPE --smoke [--cpu] [...]     (re-records expected_metrics.json; deliberate)
+    python -m launch plan RECIPE [--gpus N] [--nodes M] [--gpu-memory GIB] [--host-memory GIB] [--max-length L|auto] ...
+    python -m launch bench RECIPE --max-length auto [run options]  (GPU host: the longest length that trains)
     python -m launch compare RUN_DIR RUN_DIR... [--out FILE.png]
     python -m launch sync-scripts                              (templates/train.py -> every marked recipe copy)
 """
@@ -36,6 +38,12 @@ def run_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--hang-timeout", type=float, metavar="SECONDS",
                    help="stop the job when no rank made progress for this long (default: 60 for --smoke, 900 "
                         "otherwise; at least 5 x the slowest step seen)")
+    p.add_argument("--force", action="store_true",
+                   help="start even when the planner predicts the run does not fit this machine's GPU or host memory")
+    p.add_argument("--bench", action="store_true",
+                   help="measure step time, tokens/s per GPU, MFU and peak memory (after warm-up) into run_summary.json")
+    p.add_argument("--bench-steps", type=int, metavar="N", help="with --bench: stop after warm-up + N steps")
+    p.add_argument("--bench-warmup", type=int, default=2, metavar="N", help="with --bench: steps not measured (2)")
     p.add_argument("--dry-run", action="store_true", help="print the command and the effective setup, run nothing")
     m = p.add_argument_group("multi-node (defaults from SLURM_NNODES, SLURM_NODEID, MASTER_ADDR, MASTER_PORT)")
     m.add_argument("--num-machines", type=int, default=_env_int("SLURM_NNODES"))
@@ -67,7 +75,8 @@ def options_from(ns, extra):
                               ("cp", ns.cp_size), ("sp", ns.sp_size)) if v is not None}
     return Options(recipe=ns.recipe, smoke=ns.smoke, cpu=ns.cpu, num_processes=ns.num_processes, mesh=mesh,
                    output_dir=ns.output_dir, max_steps=ns.max_steps, save_steps=ns.save_steps, resume=ns.resume,
-                   overwrite=ns.overwrite, extra=extra, num_machines=ns.num_machines,
+                   overwrite=ns.overwrite, force=ns.force, bench=ns.bench, bench_steps=ns.bench_steps,
+                   bench_warmup=ns.bench_warmup, extra=extra, num_machines=ns.num_machines,
                    machine_rank=ns.machine_rank, main_process_ip=ns.main_process_ip,
                    main_process_port=ns.main_process_port)
 
@@ -83,6 +92,14 @@ def main(argv: list[str] | None = None) -> int:
             from launch.docs import sync
 
             return sync()
+        if argv and argv[0] == "plan":
+            from launch.planner import main as plan
+
+            return plan(argv[1:])
+        if argv and argv[0] == "bench":
+            from launch.bench_search import main as bench
+
+            return bench(argv[1:])
         if argv and argv[0] == "compare":
             from launch.compare import main as compare
 
@@ -123,7 +140,13 @@ def cmd_run(argv: list[str], record: bool = False) -> int:
     ns = run_parser(prog).parse_args(own)
     if record and not ns.smoke:
         raise LaunchError("`record` writes the expected metrics of a smoke profile: add --smoke (and --cpu on CPU).")
-    return runner.launch(options_from(ns, extra), dry_run=ns.dry_run, record=record, hang_timeout=ns.hang_timeout,
+    if (ns.bench_steps is not None and ns.bench_steps < 1) or ns.bench_warmup < 0:
+        raise LaunchError("--bench-steps must be at least 1 and --bench-warmup at least 0.")
+    if ns.bench_steps is not None and not ns.bench:
+        raise LaunchError("--bench-steps needs --bench.")
+    options = options_from(ns, extra)
+    options.record = record
+    return runner.launch(options, dry_run=ns.dry_run, record=record, hang_timeout=ns.hang_timeout,
                          rendezvous_timeout=ns.rendezvous_timeout)
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from launch import copies
-from launch.recipes import RECIPES_DIR, recipe_dirs
+from launch import REPO_ROOT, copies
+from launch.recipes import RECIPES_DIR, find_recipe, recipe_dirs
 
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
 
@@ -27,10 +27,44 @@ def rules_table(features: tuple[str, ...]) -> str:
     return "\n".join(rows) + "\n"
 
 
+MODEL_CONFIGS = REPO_ROOT / "docs" / "model_configs"
+
+
+def fits_on(folder: Path) -> str:
+    """The recipe's GPU defaults planned for their stated hardware (the recipe's process count x an 80 GB GPU), with
+    the model's architecture from the repository's copy of its config.json (docs/model_configs)."""
+    from launch import hub, planner
+    from launch.resolve import Options, resolve
+
+    recipe = find_recipe(str(folder))
+    model = str(recipe.config.get("model_name_or_path", ""))
+    config_dir = MODEL_CONFIGS / model.replace("/", "--")
+    if not (config_dir / "config.json").is_file():
+        return (f"No planner line: {model}'s config.json is not in {MODEL_CONFIGS.relative_to(REPO_ROOT)} "
+                "(add it to get one).\n")
+    setup = resolve(Options(recipe=str(folder), extra=["--model_name_or_path", str(config_dir)]),
+                    progress=lambda *_: None)
+    arch = planner.architecture(hub.read_model_config(str(config_dir)), model)
+    target = planner.Target(setup.plan.processes_per_machine, setup.plan.num_machines)
+    plan = planner.make(setup, arch, target)
+    longest = planner.make(setup, arch, target, auto=True).longest
+    est = plan.estimate
+    biggest = max(est.host_terms, key=lambda term: term.gib, default=None)
+    host = f"; host memory {est.host_per_node_gib:,.0f} GiB per node" + (
+        f" (most of it: {biggest.name})" if biggest is not None and est.host_per_node_gib >= 16 else "")
+    verdict = "fits" if plan.fits else "DOES NOT FIT"
+    return (f"**Fits on** ({verdict}; predicted by `python -m launch plan {recipe.name}`, not measured): "
+            f"{target.gpus_per_node} x 80 GB GPUs ({target.gpu_memory_gib:g} GiB each) with "
+            f"{est.gpu_peak_gib:.1f} GiB per GPU at max_length {plan.max_length:,} ({est.per_rank_length:,} tokens per "
+            f"rank; largest term: {est.largest_gpu_term().name}){host}; the longest max_length that fits: "
+            f"{longest:,}.\n")
+
+
 # name -> function(recipe folder) -> the block's text
 GENERATORS = {
-    "rules-cp": lambda folder: rules_table(("parallel", "context_parallel")),
-    "rules-sp": lambda folder: rules_table(("parallel", "sequence_parallel", "alst")),
+    "rules-cp": lambda folder: rules_table(("parallel", "context_parallel", "long_context")),
+    "rules-sp": lambda folder: rules_table(("parallel", "sequence_parallel", "alst", "long_context")),
+    "fits-on": fits_on,
 }
 
 

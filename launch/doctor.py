@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 
 from launch import pins as pinfiles
+from launch.constants import FLASH_ATTENTION
 from launch.pins import PINS_FILE, normalize, read_pins  # the one pins parser (launch/pins.py)
 
 # What doctor reports, in this order. The GPU-only ones are absent from the CPU CI venv by design.
@@ -36,6 +37,23 @@ def gpu_info() -> tuple[int, list[str]]:
         return n, [torch.cuda.get_device_name(i) for i in range(n)]
     except Exception:  # noqa: BLE001 - a broken CUDA setup reads as no GPU; doctor says so
         return 0, []
+
+
+def gpu_memory_gib() -> float:
+    """Memory of the first visible GPU in GiB, as torch reports it (an 80 GB H100 reports about 79.1)."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
+def host_memory_gib() -> float | None:
+    """This machine's memory in GiB (None if it cannot be read)."""
+    try:
+        import psutil
+
+        return psutil.virtual_memory().total / 2**30
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def torch_build() -> str:
@@ -137,7 +155,7 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
         for fn in (rules.version_floors, rules.enough_gpus):
             if msg := fn(setup, facts):
                 problems.append(msg)
-        if not setup.options.cpu and str(setup.training.get("attn_implementation", "")).startswith("flash_attention"):
+        if not setup.options.cpu and setup.training.get("attn_implementation") in FLASH_ATTENTION:
             if msg := flash_attn_problem():
                 problems.append(msg)
         if not setup.options.cpu and setup.training.get("use_liger_kernel"):

@@ -87,37 +87,22 @@ def _load(auto_config, name: str, source: str, **kwargs) -> ModelConfig:
     return ModelConfig(get_text() if get_text else full, None, source)
 
 
-def dataset_problem(name: str | None) -> str | None:
-    """None if the dataset can be found: an existing local path, or a hub id (in the cache, when offline)."""
+def input_problem(name: str | None, kind: str) -> str | None:
+    """None if the model (kind "model") or dataset (kind "dataset") can be found from this machine: an existing local
+    path (a folder, for a model), or a well-formed hub id that is in the cache when offline."""
     if not name:
         return None
+    key = "model_name_or_path" if kind == "model" else "dataset_name"
     path = Path(name).expanduser()
     if path.exists():
-        return None
+        return f"the {kind} path {name} is not a folder" if kind == "model" and not path.is_dir() else None
     if looks_local(name):
-        return f"the dataset {name} does not exist"
+        return f"the {kind} {'folder ' if kind == 'model' else ''}{name} does not exist"
     if problem := repo_id_problem(name):
-        return f"dataset_name `{name}`: {problem}"
-    if offline() and not _in_hub_cache(name, "dataset"):
-        return (f"offline (HF_HUB_OFFLINE) and the dataset {name} is not in the Hugging Face cache "
-                f"({_cache_dir()}); download it on a machine that is online, or point dataset_name at a local copy")
-    return None
-
-
-def model_problem(name: str | None) -> str | None:
-    """None if the model can be found: an existing local folder, or a well-formed hub id (cached, when offline)."""
-    if not name:
-        return None
-    path = Path(name).expanduser()
-    if path.exists():
-        return None if path.is_dir() else f"the model path {name} is not a folder"
-    if looks_local(name):
-        return f"the model folder {name} does not exist"
-    if problem := repo_id_problem(name):
-        return f"model_name_or_path `{name}`: {problem}"
-    if offline() and not _in_hub_cache(name, "model"):
-        return (f"offline (HF_HUB_OFFLINE) and the model {name} is not in the Hugging Face cache ({_cache_dir()}); "
-                "download it on a machine that is online, or point model_name_or_path at a local folder")
+        return f"{key} `{name}`: {problem}"
+    if offline() and not _in_hub_cache(name, kind):
+        return (f"offline (HF_HUB_OFFLINE) and the {kind} {name} is not in the Hugging Face cache ({_cache_dir()}); "
+                f"download it on a machine that is online, or point {key} at a local copy")
     return None
 
 

@@ -4,6 +4,7 @@ launcher asks (it sets LAUNCH_MONITOR_DIR; under plain `accelerate launch` nothi
 - Heartbeats: each rank rewrites `<dir>/rank<RANK>.json` with its last event (train_begin, step_begin, step_end,
   train_end) and step, so the launcher can tell a rank that stopped making progress from one that waits for it
   (`launch.supervise.Watchdog`).
+- With `--bench` (LAUNCH_BENCH=<warm-up steps>): `launch.bench.bench_callback`, into `<dir>/bench/`.
 
 Rank side: no import of the launcher's other modules, nothing that can fail a training run (a write error is
 ignored: a missing heartbeat can only make the launcher's hang timeout fire later, never earlier).
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 ENV = "LAUNCH_MONITOR_DIR"
+BENCH_ENV = "LAUNCH_BENCH"
 PHASES = {"train_begin": 0, "step_begin": 1, "step_end": 2, "train_end": 3}
 
 
@@ -24,6 +26,10 @@ def add_callbacks(trainer) -> None:
     """Called by train.py when LAUNCH_MONITOR_DIR is set."""
     folder = Path(os.environ[ENV])
     trainer.add_callback(_heartbeat_callback(folder))
+    if os.environ.get(BENCH_ENV):
+        from launch.bench import bench_callback
+
+        trainer.add_callback(bench_callback(folder / "bench", int(os.environ[BENCH_ENV])))
 
 
 def _heartbeat_callback(folder: Path):

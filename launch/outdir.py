@@ -109,6 +109,18 @@ def check(path: Path, resume: bool, overwrite: bool, machine_rank: int = 0) -> C
         raise LaunchError(f"The output folder {path} cannot be created: {existing} {why}. Pass another --output-dir.")
     entries = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
     claim.before = set(entries)
+    lock = _lock_file(path, machine_rank)
+    info = read_lock(lock)
+    if info is not None:
+        if holder_alive(info):
+            raise LaunchError(
+                f"Another launcher is using {path}: process {info.get('pid')} on {info.get('host')}, started "
+                f"{_when(info.get('started', 0))} ({info.get('command', '?')}). Wait for it to finish, stop it, or "
+                f"pass another --output-dir. (If that process is gone, delete {lock}.)"
+            )
+        claim.stale_lock = info
+        claim.notes.append(f"taking over the lock of process {info.get('pid')} (started "
+                           f"{_when(info.get('started', 0))}), which is no longer running")
     if not [e for e in entries if e != META]:
         if resume:
             raise LaunchError(f"--resume: {path} holds no earlier run to continue.")
@@ -122,18 +134,6 @@ def check(path: Path, resume: bool, overwrite: bool, machine_rank: int = 0) -> C
             "checkpoints, weights and a README.md model card into its output folder and rotates old checkpoints, so "
             "it only uses an empty folder or one an earlier run of this launcher made. Pass a new --output-dir."
         )
-    lock = _lock_file(path, machine_rank)
-    info = read_lock(lock)
-    if info is not None:
-        if holder_alive(info):
-            raise LaunchError(
-                f"Another launcher is using {path}: process {info.get('pid')} on {info.get('host')}, started "
-                f"{_when(info.get('started', 0))} ({info.get('command', '?')}). Wait for it to finish, stop it, or "
-                f"pass another --output-dir. (If that process is gone, delete {lock}.)"
-            )
-        claim.stale_lock = info
-        claim.notes.append(f"taking over the lock of process {info.get('pid')} (started "
-                           f"{_when(info.get('started', 0))}), which is no longer running")
     known = set(manifest["entries"]) | _adoptable(path, entries, claim.stale_lock)
     foreign = [e for e in entries if e != META and e not in known]
     if foreign:

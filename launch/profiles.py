@@ -21,7 +21,7 @@ SMOKE_TRAINING = {
     "max_length": 128,
     "save_strategy": "no",
     "eval_strategy": "no",
-    "report_to": "none",
+    "report_to": "trackio",  # offline, into OUTPUT_DIR/trackio (launch.tracking)
     "seed": 42,
     "dataloader_num_workers": 0,
     "dataset_num_proc": 1,
@@ -57,6 +57,8 @@ def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print)
         out["model_name_or_path"] = assets["model"]
         out["dataset_name"] = assets["data"]
         out["dtype"] = "bfloat16" if not cpu else "float32"
+        if config.get("join_documents_min_chars"):  # the smoke data are chats, not documents to join
+            out["join_documents_min_chars"] = 0
     if cpu:
         out.update(CPU_TRAINING)
         if config.get("attn_implementation") in CUDA_ONLY_ATTENTION:

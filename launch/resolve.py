@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launch import REPO_ROOT, accelerate_config, checkpoints, outdir, profiles
+from launch import REPO_ROOT, accelerate_config, checkpoints, outdir, profiles, tracking
 from launch.constants import MESH_KEYS
 from launch.metrics import read_expected
 from launch.plan import Plan, make_plan
@@ -32,6 +32,11 @@ class Options:
     save_steps: int | None = None
     resume: str | None = None  # "latest" or a checkpoint folder
     overwrite: bool = False  # delete an earlier run's files in the output folder first
+    force: bool = False  # start even when the planner predicts that the run does not fit this machine's memory
+    bench: bool = False  # measure step time, tokens/s, MFU and memory (launch.bench)
+    bench_warmup: int = 2  # steps excluded from the measurement
+    bench_steps: int | None = None  # measured steps (the run stops after warm-up + these)
+    record: bool = False  # `record`: the invocation is exactly what the command line says, nothing inherited
     extra: list[str] = field(default_factory=list)  # training arguments after `--`, passed on verbatim
     # Multi-node: total machines, this machine's rank, and the rendezvous address of machine rank 0.
     num_machines: int | None = None
@@ -82,7 +87,7 @@ def resolve(options: Options, progress=print) -> Setup:
 
     # A smoke run keeps the layout its expected metrics were recorded with, unless the user changes the layout.
     recorded = dict(read_expected(recipe).get("profiles", {}).get(profile, {}).get("invocation") or {}) \
-        if options.smoke else {}
+        if options.smoke and not options.record else {}
     layout_given = options.num_processes is not None or bool(options.mesh)
     if layout_given or not recorded:
         num_processes, mesh = options.num_processes, dict(options.mesh or {})
@@ -90,7 +95,7 @@ def resolve(options: Options, progress=print) -> Setup:
         num_processes, mesh = recorded.get("num_processes"), dict(recorded.get("mesh") or {})
     recorded_args = list(recorded.get("training_args") or [])
     invocation = {"num_processes": num_processes or int(accelerate.get("num_processes", 1)), "mesh": mesh,
-                  "training_args": recorded_args + list(options.extra)}
+                  "training_args": recorded_args + _without_output_dir(options.extra)}
     if layout_given and recorded:
         notes.append(f"smoke layout changed to {invocation['num_processes']} process(es), mesh {mesh or 'as in the config'} "
                      f"(recorded: {recorded.get('num_processes')} process(es), mesh {recorded.get('mesh') or 'as in the config'}); "
@@ -106,6 +111,8 @@ def resolve(options: Options, progress=print) -> Setup:
         invocation["num_machines"] = options.num_machines
     if options.max_steps is not None:  # a shorter or longer run is not judged against the recorded steps
         invocation["max_steps"] = options.max_steps
+    if options.bench and options.bench_steps is not None:
+        invocation["max_steps"] = options.bench_warmup + options.bench_steps
     for name, size in mesh.items():
         accel_overrides[MESH_KEYS[name]] = int(size)
     if options.cpu:
@@ -125,11 +132,14 @@ def resolve(options: Options, progress=print) -> Setup:
     launcher: dict = {}
     if options.max_steps is not None:
         launcher["max_steps"] = options.max_steps
+    if options.bench and options.bench_steps is not None:
+        launcher["max_steps"] = options.bench_warmup + options.bench_steps
     if options.save_steps is not None:
         launcher.update(save_strategy="steps", save_steps=options.save_steps, save_total_limit=2)
     if options.resume:
         launcher["resume_from_checkpoint"] = str(checkpoints.resolve_resume(output_dir, options.resume))
     launcher["output_dir"] = str(output_dir)
+    launcher.update(tracking.launcher_args(recipe.name, output_dir, _keys(options.extra)))
     layers = [
         Layer("the smoke/CPU profile", profiles.as_argv(profiles.training_overrides(config, options.smoke, options.cpu,
                                                                                   progress=progress))),
@@ -171,6 +181,19 @@ def _output_dir(options: Options, own: dict, recipe: Recipe, config: dict, profi
         return outdir.expand(REPO_ROOT / config["output_dir"]) if not Path(config["output_dir"]).is_absolute() \
             else outdir.expand(config["output_dir"])
     return REPO_ROOT / "outputs" / recipe.name / profile
+
+
+def _without_output_dir(argv: list[str]) -> list[str]:
+    """The training arguments that can change a run's metrics: all but the output folder."""
+    out, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token in ("--output_dir", "--output-dir"):
+            skip = True
+        elif not token.startswith(("--output_dir=", "--output-dir=")):
+            out.append(token)
+    return out
 
 
 def _keys(argv: list[str]) -> set[str]:

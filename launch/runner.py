@@ -10,7 +10,8 @@ import socket
 import time
 from pathlib import Path
 
-from launch import checkpoints, command, doctor, envvars, hub, metrics, monitor, outdir, rules, supervise
+from launch import (bench, checkpoints, command, doctor, envvars, hub, metrics, monitor, outdir, planner, rules,
+                    supervise, tracking)
 from launch.recipes import LaunchError
 from launch.resolve import resolve
 
@@ -25,12 +26,29 @@ def say(msg: str) -> None:
 
 def gather_facts(setup) -> rules.Facts:
     gpu_count = 0 if setup.options.cpu else doctor.gpu_info()[0]
+    model = hub.read_model_config(setup.training.get("model_name_or_path"))
     return rules.Facts(
         versions=doctor.installed_versions(),
         gpu_count=gpu_count,
-        model=hub.read_model_config(setup.training.get("model_name_or_path")),
+        model=model,
         missing_inputs=rules.missing_inputs(setup.training),
+        memory=memory_plan(setup, model, gpu_count),
     )
+
+
+def memory_plan(setup, model, gpu_count: int):
+    """The planner's view of this run on this machine: its GPUs' memory when it has GPUs (else the planner's default
+    target), its host memory. None when the model's architecture cannot be read."""
+    if model.config is None:
+        return None
+    try:
+        arch = planner.architecture(model, setup.training.get("model_name_or_path"))
+    except (LaunchError, TypeError, ValueError):  # an architecture the memory model does not know (e.g. MoE)
+        return None
+    gpu_memory = doctor.gpu_memory_gib() if gpu_count else planner.GPU_MEMORY_GIB
+    target = planner.Target(setup.plan.processes_per_machine, setup.plan.num_machines, gpu_memory,
+                            doctor.host_memory_gib())
+    return planner.make(setup, arch, target)
 
 
 def check_free_space(path: Path, min_free: int | None = None) -> None:
@@ -60,6 +78,9 @@ def child_env(setup, monitor_dir: Path) -> dict:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     env[monitor.ENV] = str(monitor_dir)
+    if setup.options.bench:
+        env[monitor.BENCH_ENV] = str(setup.options.bench_warmup)
+    env.update(tracking.env(setup))
     if setup.options.smoke:
         # Smoke runs are offline by construction: the model and the data are local files.
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -107,6 +128,8 @@ def launch(options, dry_run: bool = False, record: bool = False, hang_timeout: f
     if line := rules.skipped_line(setup, facts, report):
         say(line)
     print(setup.plan.describe(), flush=True)
+    if facts.memory is not None and (dry_run or not options.cpu):
+        print(planner.describe(facts.memory), flush=True)
     print(command.display(cmd), flush=True)
     for note in setup.notes + (claim.notes if claim else []):
         say(note)
@@ -116,6 +139,11 @@ def launch(options, dry_run: bool = False, record: bool = False, hang_timeout: f
         if report.machine_problems:  # e.g. an 8-GPU recipe planned on a laptop: the plan is valid
             say("the plan is valid, but this machine could not run it:\n\n" + "\n\n".join(report.machine_problems))
         return 0
+    if options.force and report.machine_problems:
+        fits = {rules.gpu_memory_fits(setup, facts), rules.host_memory_fits(setup, facts)} - {None}
+        for msg in fits:
+            say(f"--force: starting although: {msg}")
+        report.machine_problems = [m for m in report.machine_problems if m not in fits]
     if report.all:
         raise LaunchError("\n\n".join(report.all))
 
@@ -124,12 +152,12 @@ def launch(options, dry_run: bool = False, record: bool = False, hang_timeout: f
     outdir.claim(claim, command=" ".join(cmd))
     try:
         check_writable(setup.output_dir)
-        return _run(setup, cmd, record, hang_timeout)
+        return _run(setup, cmd, record, hang_timeout, facts)
     finally:
         outdir.release(claim)
 
 
-def _run(setup, cmd, record, hang_timeout) -> int:
+def _run(setup, cmd, record, hang_timeout, facts) -> int:
     log_path = setup.output_dir / "launch.log"
     log_start = log_path.stat().st_size if log_path.exists() else 0
     monitor_dir = setup.output_dir / ".launch" / "heartbeat"
@@ -184,10 +212,31 @@ def _run(setup, cmd, record, hang_timeout) -> int:
         "stopped_by": stopped_by,
         "observed": observed,
         "verdict": verdict,
+        "tracking": tracking.summary(setup),
     }
+    if setup.options.bench:
+        summary["bench"] = bench_report(setup, facts, monitor_dir / "bench")
     (setup.output_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     say(f"summary: {setup.output_dir / 'run_summary.json'}")
     return status
+
+
+def bench_report(setup, facts, folder: Path) -> dict | None:
+    """--bench: the ranks' measurements combined, next to the planner's prediction for the same run."""
+    plan = facts.memory
+    arch = planner.architecture(facts.model, None) if facts.model.config is not None else None
+    measured = bench.summarize(folder, arch, setup.plan.max_length)
+    if measured is None:
+        say("bench: no rank wrote measurements")
+        return None
+    predicted = None
+    if plan is not None:
+        predicted = {"gpu_peak_gib": plan.estimate.gpu_peak_gib, "gpu_allocated_peak_gib": plan.estimate.allocated_peak_gib,
+                     "cpu_rss_gib": plan.estimate.gpu_peak_gib if plan.estimate.device == "cpu" else None,
+                     "host_per_node_gib": plan.estimate.host_per_node_gib, "breakdown": plan.as_json()["breakdown"]}
+    comparison = bench.compare_with_plan(measured["overall"], predicted, measured["overall"]["device"])
+    print(bench.format_summary(measured, comparison), flush=True)
+    return {**measured, "predicted": predicted, "predicted_vs_measured": comparison}
 
 
 def judge(setup, observed) -> tuple[dict | None, int]:

@@ -87,6 +87,7 @@ def merge(make_parser, config_path: Path, config: dict, layers: list[Layer]) -> 
         raise LaunchError("\n".join(problems))
     values = vars(namespace)
     _load_json_dicts(values, actions, config_path, config)
+    _pad_to_multiple_of(values)
     return values
 
 
@@ -181,6 +182,20 @@ def _unknown(config_path, unknown_config, unknown_argv, layers, known) -> str:
         previous_unknown_key = bool(key) and "=" not in token
     return ("Unknown training argument(s): " + "; ".join(parts) + ". Keys must be fields of TRL's SFTConfig, "
             "ModelConfig, ScriptArguments or the recipe's RecipeArguments (see its train.py).")
+
+
+def _pad_to_multiple_of(values: dict) -> None:
+    """As SFTConfig.__post_init__ (trl 1.16): a string is a number or none/null, and "auto" (the default) means no
+    padding except on Neuron devices, which no recipe targets."""
+    value = values.get("pad_to_multiple_of")
+    if isinstance(value, str):
+        if value == "auto" or value.lower() in ("none", "null"):
+            values["pad_to_multiple_of"] = None
+        else:
+            try:
+                values["pad_to_multiple_of"] = int(value)
+            except ValueError:
+                raise LaunchError(f"`pad_to_multiple_of` is {value!r}; expected an integer, auto or none.") from None
 
 
 def _load_json_dicts(values: dict, actions: dict, config_path: Path, config: dict) -> None:

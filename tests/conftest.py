@@ -61,6 +61,32 @@ def smoke_runs(tmp_path_factory) -> SmokeRuns:
     return SmokeRuns(tmp_path_factory.mktemp("smoke-runs"))
 
 
+PARITY_PLOTS = REPO / "outputs" / "parity-failures"
+
+
+def assert_parity(name: str, runs: list[tuple[str, dict]], tolerance: dict[str, float]) -> None:
+    """Each run's per-step metrics (run_summary.json's "observed") within `tolerance` (max |diff| per metric) of the
+    first run's. On failure, `launch compare`'s plot and table of the runs are written to
+    outputs/parity-failures/NAME.png and the table is part of the assertion message."""
+    (_, first), problems = runs[0], []
+    for label, other in runs[1:]:
+        for metric, limit in tolerance.items():
+            a, b = first[metric], other[metric]
+            if len(a) != len(b) or not a:
+                problems.append(f"{label} {metric}: {len(b)} steps, the first run has {len(a)}")
+                continue
+            worst = max(abs(x - y) for x, y in zip(a, b))
+            if worst >= limit:
+                problems.append(f"{label} {metric}: max |diff| {worst:.3g} >= {limit:g}")
+    if problems:
+        from launch.compare import write_comparison
+
+        path = PARITY_PLOTS / f"{name}.png"
+        table = write_comparison(runs, path, tolerance={m: {"max_abs": v, "mean": v} for m, v in tolerance.items()},
+                                 title=name)
+        raise AssertionError("; ".join(problems) + f"\nplot: {path}\n{table}")
+
+
 TESTED_RULES: set[str] = set()
 
 

@@ -70,6 +70,8 @@ FIXTURES = {
     "mixed_precison": lambda tmp: {"recipe": copy_recipe(tmp, accelerate={"mixed_precison": "bf16"})},
     "multi_gpuu": lambda tmp: {"recipe": copy_recipe(tmp, accelerate={"distributed_type": "MULTI_GPUU"})},
     "zero_stag": lambda tmp: {"recipe": copy_recipe(tmp, accelerate={"deepspeed_config": {"zero_stag": 3}})},
+    "fsdp_activation_checkpointing": lambda tmp: {"recipe": copy_recipe(tmp, base="ring-cp-2gpu", accelerate={
+        "fsdp_config": {"fsdp_version": 2, "fsdp_activation_checkpointing": True}})},
     "earlier_run": lambda tmp: {"out": earlier_run(tmp)},
     "truncated_checkpoint": lambda tmp: {"out": earlier_run(tmp, {"model.safetensors": truncated_safetensors()})},
     "foreign_file": lambda tmp: {"out": _foreign(tmp)},
@@ -146,8 +148,8 @@ REFUSED = [
      "does not use 3 processes"),
     ("cp-and-sp-together", "ring-cp-2gpu --smoke --cpu --num-processes 4 --sp-size 2", "none", 2,
      "mutually exclusive"),
-    ("fsdp-with-activation-checkpointing", "ring-cp-2gpu --smoke --cpu -- --activation_checkpointing true", "none",
-     2, "cannot both be on"),
+    ("fsdp-with-activation-checkpointing", "{recipe} --smoke --cpu -- --activation_checkpointing true",
+     "fsdp_activation_checkpointing", 2, "cannot both be on"),
     # multi-node
     ("two-machines-no-address", "ddp --smoke --cpu --num-machines 2", "none", 2,
      "--main-process-ip (the address of machine rank 0) is not set"),

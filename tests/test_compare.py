@@ -231,3 +231,21 @@ def test_symlog_when_differences_span_decades(tmp_path):
                               ["black", "C0"], True, TOLERANCE["loss"], "TRL tolerance")
     assert ax2.get_yscale() == "linear"
     assert np.isfinite(ax2.get_ylim()).all()
+
+
+def test_a_failing_parity_check_writes_the_plot_and_the_table(tmp_path, monkeypatch):
+    """conftest.assert_parity, which the parity tests use: a miss raises with the compare table and a PNG path."""
+    import conftest
+
+    monkeypatch.setattr(conftest, "PARITY_PLOTS", tmp_path)
+    first = {"step": [1, 2, 3], "loss": [3.0, 2.0, 1.0], "grad_norm": [1.0, 1.0, 1.0]}
+    close = {"step": [1, 2, 3], "loss": [3.0, 2.0, 1.0 + 1e-7], "grad_norm": [1.0, 1.0, 1.0]}
+    conftest.assert_parity("same", [("a", first), ("b", close)], {"loss": 1e-5, "grad_norm": 1e-5})
+    assert not (tmp_path / "same.png").exists()
+    off = {"step": [1, 2, 3], "loss": [3.0, 2.1, 1.0], "grad_norm": [1.0, 1.0, 1.0]}
+    with pytest.raises(AssertionError) as e:
+        conftest.assert_parity("off", [("a", first), ("b", off)], {"loss": 1e-5, "grad_norm": 1e-5})
+    message = str(e.value)
+    assert "b loss: max |diff| 0.1 >= 1e-05" in message and f"plot: {tmp_path / 'off.png'}" in message
+    assert (tmp_path / "off.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "1.000e-01" in message  # the compare table's max |diff| column

@@ -140,7 +140,8 @@ def test_doctor_at_container_start_stops_before_training(tmp_path):
 
 @pytest.mark.usefixtures("flash_attn_imports")
 def test_liger_recipe_needs_an_importable_liger_kernel():
-    n, out = doctor(resolve(Options(recipe="ring-cp-8gpu")))  # config.yaml: use_liger_kernel true
+    liger = ["--use_liger_kernel", "true"]
+    n, out = doctor(resolve(Options(recipe="ring-cp-8gpu", extra=liger)))
     assert n == 1 and "liger-kernel does not import" in out
-    n, out = doctor(resolve(Options(recipe="ring-cp-8gpu", cpu=True)))
+    n, out = doctor(resolve(Options(recipe="ring-cp-8gpu", cpu=True, extra=liger)))
     assert n == 0, out

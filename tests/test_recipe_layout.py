@@ -82,11 +82,12 @@ def test_a_fork_runs_passes_the_layout_checks_and_sync_leaves_it_alone(tmp_path)
     script.write_text("".join(lines).replace("def main(script_args", "GREETING = 'hello'\n\n\ndef main(script_args"))
     (fork / "README.md").write_text((fork / "README.md").read_text() + "\nForked train.py: it greets.\n")
     shutil.copytree(RECIPES_DIR / "ddp", recipes / "ddp")
-    assert docs.check(recipes) == []
+    assert docs.check(recipes) == [f"{fork / 'README.md'}: generated block(s) fits-on differ from the code"]  # names zero3
     before = script.read_text()
     messages = []
-    docs.sync(recipes, out=messages.append)
+    docs.sync(recipes, out=messages.append)  # regenerates the README's blocks for my-fork, leaves the fork alone
     assert script.read_text() == before and f"left alone (forked: no `{copies.MARKER_PREFIX}` line): {script}" in messages
+    assert docs.check(recipes) == [] and "plan my-fork" in (fork / "README.md").read_text()
     proc = launch_cli(fork, "--smoke", "--cpu", "--dry-run")
     assert proc.returncode == 0, explain(proc)
     assert f"{script}" in proc.stdout

@@ -294,7 +294,7 @@ def test_ring_cp_8gpu_dry_run_shows_its_8_way_mesh_and_per_rank_length():
     assert proc.returncode == 0, explain(proc)
     assert "this machine could not run it" in proc.stdout and "asks for 8 GPU(s)" in proc.stdout
     assert "x cp=8 x sp=1" in proc.stdout and "data-parallel size       1" in proc.stdout
-    assert "per-rank sequence length 32768 tokens" in proc.stdout  # 262144 / 8
+    assert "per-rank sequence length 131072 tokens" in proc.stdout  # 1,048,576 / 8
 
 
 @shows(rules.processes_fit_layout)
@@ -341,9 +341,15 @@ def test_cp_needs_fsdp2_and_excludes_sp(tmp_path):
 
 
 @shows(rules.checkpointing_not_twice)
-def test_cp_recipes_keep_gradient_checkpointing_off():
-    [msg] = messages(cp_setup(extra=["--gradient_checkpointing", "true"]), facts(model_config=QWEN3_8B))
-    assert "cannot both be on" in msg
+def test_fsdp_activation_checkpointing_excludes_the_training_argument_under_either_name(tmp_path):
+    acc = yaml.safe_load(find_recipe("ring-cp-2gpu").accelerate_config_path.read_text())
+    acc["fsdp_config"]["fsdp_activation_checkpointing"] = True
+    folder = make_recipe(tmp_path, base="ring-cp-2gpu", accelerate=acc)
+    for extra in (["--activation_checkpointing", "true"], ["--gradient_checkpointing", "true"]):
+        [msg] = messages(resolve(Options(recipe=str(folder), extra=extra)), facts(model_config=QWEN3_8B))
+        assert "cannot both be on" in msg
+    assert messages(resolve(Options(recipe=str(folder), extra=["--no_gradient_checkpointing", "--activation_checkpointing",
+                                                               "false"])), facts(model_config=QWEN3_8B)) == []
 
 
 @shows(rules.cp_no_param_offload_on_cpu)
@@ -353,19 +359,6 @@ def test_cp_param_offload_refused_on_cpu(tmp_path):
     folder = make_recipe(tmp_path, base="ring-cp-2gpu", accelerate=acc)
     [msg] = messages(resolve(Options(recipe=str(folder), smoke=True, cpu=True)))
     assert "fsdp_offload_params" in msg
-
-
-@shows(rules.sp_resume_needs_data_skip)
-def test_sp_resume_needs_ignore_data_skip(tmp_path):
-    ckpt = tmp_path / "out" / "checkpoint-3"
-    ckpt.mkdir(parents=True)
-    (ckpt / "trainer_state.json").write_text("{}")
-    setup = resolve(Options(recipe="alst-ulysses-4gpu", output_dir=str(tmp_path / "out"), resume="latest"))
-    [msg] = messages(setup, facts(model_config=QWEN2_05B))
-    assert "'UlyssesSPDataLoaderAdapter' object has no attribute 'dataset'" in msg
-    setup = resolve(Options(recipe="alst-ulysses-4gpu", output_dir=str(tmp_path / "out"), resume="latest",
-                            extra=["--ignore_data_skip", "true"]))
-    assert messages(setup, facts(model_config=QWEN2_05B)) == []
 
 
 @shows(rules.activation_offloading_without_zero3)
@@ -405,3 +398,62 @@ def test_why_offloading_breaks_zero3_saved_tensor_hooks_return_a_new_object_for_
         y = Linear.apply(x, weight)
     y.sum().backward()
     assert seen["has_ds_status"] is False
+
+
+# ---- long context: RoPE coverage, host and GPU memory -------------------------------------------------------------
+QWEN3_8B_POSITIONS = {**QWEN3_8B, "max_position_embeddings": 40960,
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
+
+
+@shows(rules.rope_covers_length)
+def test_rope_rule_refuses_an_unscaled_long_run_with_the_fix():
+    unscaled = resolve(Options(recipe="ring-cp-8gpu", extra=["--model_init_kwargs", "{}"]))
+    [msg] = messages(unscaled, facts(model_config=QWEN3_8B_POSITIONS))
+    assert "max_length 1,048,576 is beyond the 40,960 positions the model's max_position_embeddings covers" in msg
+    assert "rope_type: yarn" in msg and "factor: 32" in msg and "original_max_position_embeddings: 40960" in msg
+    # the recipe's own YaRN (x32 over 32,768) covers 1,048,576 exactly; a longer run needs more
+    assert messages(resolve(Options(recipe="ring-cp-8gpu")), facts(model_config=QWEN3_8B_POSITIONS)) == []
+    [msg] = messages(resolve(Options(recipe="ring-cp-8gpu", extra=["--max_length", "2097152"])),
+                     facts(model_config=QWEN3_8B_POSITIONS))
+    assert "beyond the 1,048,576 positions the run's yarn RoPE scaling (x32 over 32,768 positions) covers" in msg
+
+
+def test_rope_rule_counts_the_models_own_scaling():
+    """Llama-3.1's config already scales RoPE (llama3, 131,072 positions): 100K needs nothing more; the recipe's
+    3.7M sets llama3 x512 over 8,192 = 4,194,304."""
+    llama = {"num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+             "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
+                                 "rope_theta": 500000.0}}
+    assert messages(resolve(Options(recipe="alst-ulysses-8gpu")), facts(model_config=llama)) == []
+    short = resolve(Options(recipe="alst-ulysses-8gpu", extra=["--model_init_kwargs", "{}", "--max_length", "131072"]))
+    assert messages(short, facts(model_config=llama)) == []
+
+
+def _memory(setup, config_dir, host=None, gpu=79.1):
+    from launch import planner
+    from launch.docs import MODEL_CONFIGS
+
+    arch = planner.architecture(hub.read_model_config(str(MODEL_CONFIGS / config_dir)), None)
+    return planner.make(setup, arch, planner.Target(setup.plan.processes_per_machine, 1, gpu, host))
+
+
+@shows(rules.host_memory_fits)
+def test_offloaded_activations_need_host_memory():
+    setup = resolve(Options(recipe="alst-ulysses-8gpu"))
+    llama = {"num_attention_heads": 32, "num_key_value_heads": 8}
+    plan = _memory(setup, "meta-llama--Llama-3.1-8B-Instruct", host=512)
+    [msg] = messages(setup, facts(model_config=llama, memory=plan))
+    assert "needs 1162.1 GiB of host memory per node (8 processes" in msg and "this machine has 512.0 GiB" in msg
+    assert "offloaded checkpoints (pinned, power-of-two blocks) 128.0 GiB" in msg and "--force" in msg
+    assert messages(setup, facts(model_config=llama, memory=_memory(setup, "meta-llama--Llama-3.1-8B-Instruct",
+                                                                     host=2048))) == []
+
+
+@shows(rules.gpu_memory_fits)
+def test_a_run_predicted_not_to_fit_the_gpus_is_refused_with_the_way_out():
+    setup = resolve(Options(recipe="ring-cp-8gpu", extra=["--max_length", "4194304", "--model_init_kwargs", "{}"]))
+    plan = _memory(setup, "Qwen--Qwen3-8B", host=4096)
+    msgs = messages(setup, facts(model_config=QWEN3_8B, memory=plan))
+    [msg] = [m for m in msgs if "The planner predicts" in m]
+    assert "GiB per GPU and the GPUs here have 79.1 GiB" in msg and "--force starts it anyway" in msg
+    assert "--max-length auto" in msg

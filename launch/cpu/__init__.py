@@ -5,16 +5,20 @@ lives in its own module, names the upstream behaviour it works around, and has a
 - context_parallel: ring-attention CP through Accelerate + FSDP2 with a CPU SDPA kernel (tests/test_cpu_cp_attention.py);
 - gloo_alltoall: torch.distributed.nn's all-to-all inside a subgroup on gloo, for 2D SP (tests/test_cpu_gloo_alltoall.py);
 - gloo_exit: a rank aborting at interpreter exit after a successful run (tests/test_cpu_cp_attention.py uses it);
-- activation_offload: TRL's activation offloader built for a machine without an accelerator (tests/test_alst_tiling.py).
+- activation_offload: TRL's activation offloader built for a machine without an accelerator (tests/test_alst_tiling.py);
+- pinned_offload: transformers' checkpoint offload (`gradient_checkpointing_kwargs: {offload: true}`) without pinned
+  memory (tests/test_offload.py).
 """
 
 
 def enable_cpu_path(training_args) -> None:
     """Apply the CPU-only workarounds. Each is inert unless its layout (CP, SP subgroups) is in use."""
-    from launch.cpu import activation_offload, context_parallel, gloo_alltoall, gloo_exit
+    from launch.cpu import activation_offload, context_parallel, gloo_alltoall, gloo_exit, pinned_offload
 
     context_parallel.enable()
     gloo_alltoall.install()
     gloo_exit.let_gloo_workers_finish_at_exit()
     if getattr(training_args, "activation_offloading", False):
         activation_offload.install()
+    if (getattr(training_args, "activation_checkpointing_kwargs", None) or {}).get("offload"):
+        pinned_offload.install()

@@ -38,6 +38,15 @@ class RecipeArguments:
             "ALST, the largest value over all ranks."
         },
     )
+    join_documents_min_chars: int = field(
+        default=0,
+        metadata={
+            "help": "Concatenate the text field of consecutive documents into rows of at least this many characters "
+            "(0: off), so that long-context steps see sequences as long as max_length. Not packing: the documents of "
+            "a row attend to each other, as in continued pretraining on concatenated text (what TRL's 1M-token "
+            "context-parallel example does with PG-19; CP cannot keep packed documents apart)."
+        },
+    )
 
 
 def main(script_args, training_args, model_args, recipe_args):
@@ -65,6 +74,8 @@ def main(script_args, training_args, model_args, recipe_args):
     training_args.model_init_kwargs = model_init_kwargs
 
     dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config)
+    if recipe_args.join_documents_min_chars:
+        dataset = join_documents(dataset, training_args.dataset_text_field, recipe_args.join_documents_min_chars)
 
     trainer = SFTTrainer(
         model=model_args.model_name_or_path,
@@ -80,18 +91,25 @@ def main(script_args, training_args, model_args, recipe_args):
     # - Tiled loss: nothing here either. TRL's SFTTrainer computes the loss through a fused LM head, in tiles of
     #   tokens x vocabulary, without materialising the logits (also under sequence parallelism, which refuses the
     #   custom losses and label smoothing that would need full logits).
-    # - Activation-checkpoint offload to CPU: SFTConfig's `activation_offloading` with `gradient_checkpointing`; its
-    #   saved-tensor hooks move each layer's checkpointed input to host memory until the backward.
+    # - Activation-checkpoint offload to CPU: nothing here either. transformers does it with
+    #   `gradient_checkpointing_kwargs: {offload: true}`: each checkpointed layer's input waits in pinned host memory
+    #   until the backward (only that input passes through its hook, so it works with ZeRO-3, unlike TRL's
+    #   `activation_offloading`, whose global hooks break TRL's fused loss there).
     # - Tiled MLP: `tiled_mlp` below.
     if recipe_args.tiled_mlp:
         tile_mlps(trainer, recipe_args.tiled_mlp_shards)
 
     # `python -m launch` watches the ranks from outside: per-rank heartbeats (a rank that stops making progress is
-    # named and the job stopped). It asks through LAUNCH_MONITOR_DIR; under plain `accelerate launch` nothing is added.
+    # named and the job stopped) and, with --bench, step times, tokens and memory. It asks through LAUNCH_MONITOR_DIR;
+    # under plain `accelerate launch` nothing is added.
     if os.environ.get("LAUNCH_MONITOR_DIR"):
         from launch.monitor import add_callbacks
 
         add_callbacks(trainer)
+
+    pc = trainer.accelerator.parallelism_config
+    if training_args.resume_from_checkpoint and pc is not None and pc.sp_enabled:
+        resume_sequence_parallel_exactly()
 
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     # trainer_state.json (the per-step log_history) next to the weights, not only inside checkpoints.
@@ -140,6 +158,59 @@ def tile_mlps(trainer, shards: int | None) -> None:
         raise ValueError(f"`tiled_mlp`: no dense MLP (gate_proj, up_proj, down_proj) in {model_class}.")
     for mlp in mlps:
         mlp.forward = types.MethodType(tiled_forward, mlp)
+
+
+# ---- Long rows: joined documents (used by main when `join_documents_min_chars` is set) ------------------------------
+def join_documents(dataset, text_field: str, min_chars: int):
+    """Every split's `text_field` rewritten as rows of consecutive documents joined until a row holds at least
+    `min_chars` characters; TRL then cuts each row at max_length tokens. Rows are built within batches of 256
+    documents, and a batch's last, shorter row is dropped unless it is the batch's only one."""
+
+    def join(batch):
+        rows, current = [], ""
+        for text in batch[text_field]:
+            current += text
+            if len(current) >= min_chars:
+                rows.append(current)
+                current = ""
+        if current and not rows:
+            rows.append(current)
+        return {text_field: rows}
+
+    return dataset.map(join, batched=True, batch_size=256, remove_columns=next(iter(dataset.values())).column_names)
+
+
+# ---- Exact resume under Ulysses SP (used by main when a sequence-parallel run resumes) ----------------------------
+def resume_sequence_parallel_exactly() -> None:
+    """Let the Trainer skip the batches a resumed sequence-parallel run has already trained on.
+
+    The Trainer skips them with accelerate's `skip_first_batches(dataloader, n)`, which reads `dataloader.dataset`;
+    under Ulysses SP the dataloader is DeepSpeed's `UlyssesSPDataLoaderAdapter`, which has none ("object has no
+    attribute 'dataset'"). The adapter turns one batch of its inner loader on each SP rank into sp micro-batches (the
+    group's samples, one after the other, each sharded over the group), so n micro-batches are n // sp inner batches
+    and n % sp micro-batches of the next refill: skip the former in the inner loader (accelerate's own skip), draw
+    the latter, and every SP rank continues on the sample shard it would have seen.
+    """
+    import transformers.trainer as hf_trainer
+    from accelerate import skip_first_batches
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+
+    def skip(dataloader, num_batches):
+        if not isinstance(dataloader, UlyssesSPDataLoaderAdapter):
+            return skip_first_batches(dataloader, num_batches)
+        inner, rest = divmod(num_batches, dataloader.sp_world_size)
+        resumed = UlyssesSPDataLoaderAdapter(
+            skip_first_batches(dataloader.dl, inner),
+            sp_rank=dataloader.sp_rank,
+            sp_group=dataloader.sp_group,
+            sp_world_size=dataloader.sp_world_size,
+            device=dataloader.device,
+        )
+        for _ in range(rest):
+            next(resumed)
+        return resumed
+
+    hf_trainer.skip_first_batches = skip
 
 
 def make_parser():
