@@ -491,11 +491,12 @@ def rope_coverage(setup, config) -> tuple[int | None, str]:
     includes the model's own scaling, e.g. Llama-3.1's 131,072)."""
     init = setup.training.get("model_init_kwargs") or {}
     run = init.get("rope_parameters") or init.get("rope_scaling") or {}
-    positions = getattr(config, "max_position_embeddings", None)
+    positions = getattr(config, "max_position_embeddings", None) if config is not None else None
     if run.get("rope_type", "default") not in ("default", None) and run.get("factor"):
         original = run.get("original_max_position_embeddings") or positions
+        over = f" over {original:,} positions" if original else ""
         return (int(float(run["factor"]) * original) if original else None,
-                f"the run's {run['rope_type']} RoPE scaling (x{float(run['factor']):g} over {original:,} positions)")
+                f"the run's {run['rope_type']} RoPE scaling (x{float(run['factor']):g}{over})")
     return positions, "the model's max_position_embeddings"
 
 

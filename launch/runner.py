@@ -128,6 +128,10 @@ def launch(options, dry_run: bool = False, record: bool = False, hang_timeout: f
     if line := rules.skipped_line(setup, facts, report):
         say(line)
     print(setup.plan.describe(), flush=True)
+    if setup.plan.max_length:
+        covered, source = rules.rope_coverage(setup, facts.model_config)
+        print(f"positions                {covered:,} covered by {source}" if covered else
+              f"positions                {source} (the model's config was not read)", flush=True)
     if facts.memory is not None and (dry_run or not options.cpu):
         print(planner.describe(facts.memory), flush=True)
     print(command.display(cmd), flush=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, shows
+from conftest import REPO, free_port, shows
 from launch import outdir, rules
 from launch.__main__ import main
 from launch.recipes import RECIPES_DIR, find_recipe
@@ -155,6 +155,9 @@ REFUSED = [
      "--main-process-ip (the address of machine rank 0) is not set"),
     ("machine-rank-outside", "ddp --smoke --cpu --num-machines 2 --machine-rank 3 --main-process-ip 127.0.0.1",
      "none", 2, "--machine-rank 3 is outside 0..1"),
+    ("rendezvous-unreachable", "ddp --smoke --cpu --num-machines 2 --machine-rank 1 --main-process-ip 127.0.0.1 "
+     "--main-process-port {port} --rendezvous-timeout 2 --output-dir {out}", "none", 2,
+     "Machine rank 0 at 127.0.0.1:{port} did not answer within 2 s"),
     ("port-out-of-range", "ddp --smoke --cpu --num-machines 2 --main-process-ip 127.0.0.1 --main-process-port 70000",
      "none", 2, "--main-process-port 70000 is not a TCP port"),
     # inputs that do not exist, found before the ranks start
@@ -164,6 +167,8 @@ REFUSED = [
      "the dataset /no/such/data does not exist"),
     ("hub-id-malformed", "ddp --smoke --cpu -- --model_name_or_path not//valid", "none", 2,
      "the model folder not//valid does not exist"),
+    ("hub-id-invalid-characters", "ddp --smoke --cpu -- --model_name_or_path some-org/name!", "none", 2,
+     "model_name_or_path `some-org/name!`: not a valid hub id"),
     ("hub-id-not-cached-offline", "ddp --smoke --cpu -- --model_name_or_path some-org/not-cached", "none", 2,
      "offline (HF_HUB_OFFLINE) and the model some-org/not-cached is not in the Hugging Face cache"),
     ("expected-metrics-truncated", "{recipe} --smoke --cpu", "broken_expected", 2,
@@ -212,7 +217,8 @@ def _run(argv: str, values: dict, capsys) -> tuple[int, str, str]:
 
 
 def _values(tmp_path, fixture) -> dict:
-    values = {"repo": str(REPO), "tmp": str(tmp_path), "out": str(tmp_path / "out"), "recipe": "zero3"}
+    values = {"repo": str(REPO), "tmp": str(tmp_path), "out": str(tmp_path / "out"), "recipe": "zero3",
+              "port": str(free_port())}  # nothing listens there
     values.update({k: str(v) for k, v in FIXTURES[fixture](tmp_path).items()})
     return values
 

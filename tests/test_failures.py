@@ -16,7 +16,7 @@ from collections import namedtuple
 import psutil
 import pytest
 
-from conftest import REPO, explain, launch_cli, test_env
+from conftest import REPO, explain, launch_cli, launch_in_process, test_env
 from launch import checkpoints, outdir, runner
 from launch.recipes import LaunchError
 
@@ -106,14 +106,16 @@ def test_a_dying_rank_ends_the_job_and_resume_continues_identically(recipe, tmp_
     skips the inner loader's batches, then the remaining micro-batches, so each SP rank sees the sample it would
     have seen."""
     out = tmp_path / "out"
-    # rank 1 raises at the end of step 7; checkpoints every 3 steps, so checkpoint-6 is the newest complete one
+    # rank 1 raises at the end of step 7 (SP: step 4); checkpoints every 3 steps, so checkpoint-6 (SP: checkpoint-3) is
+    # the newest complete one
     started = time.monotonic()
-    proc = launch_cli(recipe, "--smoke", "--cpu", "--save-steps", "3", "--output-dir", out,
-                      fault="1:7:raise")
+    proc = launch_in_process(recipe, "--smoke", "--cpu", "--save-steps", "3", "--output-dir", out,
+                             fault=f"1:{FAULT_STEP.get(recipe, 7)}:raise")
     elapsed = time.monotonic() - started
     assert proc.returncode != 0, explain(proc)
     assert "first failure: rank 1" in proc.stdout and "RuntimeError: injected failure" in proc.stdout, explain(proc)
-    assert f"last complete checkpoint: {out / 'checkpoint-6'}" in proc.stdout
+    newest = out / ("checkpoint-3" if recipe in FAULT_STEP else "checkpoint-6")
+    assert f"last complete checkpoint: {newest}" in proc.stdout
     assert "--resume" in proc.stdout
     died_at = (out / "launch.log").read_text().index("[fault injection]")
     assert died_at and elapsed < DEADLINE_S + 60, f"the job took {elapsed:.0f}s (start-up included)"
@@ -123,7 +125,8 @@ def test_a_dying_rank_ends_the_job_and_resume_continues_identically(recipe, tmp_
     # change the training steps; the extra arguments only make the run "not judged", so its per-step metrics are
     # compared with the judged uninterrupted run instead).
     eval_args = ["--", *EVAL_AT_THE_END] if recipe in RELOADED else []
-    proc = launch_cli(recipe, "--smoke", "--cpu", "--save-steps", "3", "--output-dir", out, "--resume", *eval_args)
+    proc = launch_in_process(recipe, "--smoke", "--cpu", "--save-steps", "3", "--output-dir", out, "--resume",
+                             *eval_args)
     assert proc.returncode == 0, explain(proc)
     assert ("not judged" if eval_args else "expected metrics: PASSED") in proc.stdout
     resumed = json.loads((out / "run_summary.json").read_text())["observed"]
@@ -180,6 +183,9 @@ def test_ctrl_c_stops_every_rank_keeps_the_checkpoint_and_says_how_to_resume(tmp
     assert _leftovers(str(out)) == []
 
 
+# Under SP, rank 1 dies at step 4 so that the run resumes from checkpoint-3: 3 micro-batches into an sp-2 adapter
+# whose refills yield 2, so the exact-resume code also draws one micro-batch of a refill (n % sp != 0).
+FAULT_STEP = {"alst-ulysses-4gpu": 4}
 RELOADED = ("ddp", "zero3", "ring-cp-2gpu")  # DDP, ZeRO-3 (gathered shards), FSDP2 (gathered shards)
 EVAL_AT_THE_END = ["--eval_strategy", "steps", "--eval_steps", "12", "--per_device_eval_batch_size", "1"]
 

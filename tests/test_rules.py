@@ -295,6 +295,9 @@ def test_ring_cp_8gpu_dry_run_shows_its_8_way_mesh_and_per_rank_length():
     assert "this machine could not run it" in proc.stdout and "asks for 8 GPU(s)" in proc.stdout
     assert "x cp=8 x sp=1" in proc.stdout and "data-parallel size       1" in proc.stdout
     assert "per-rank sequence length 131072 tokens" in proc.stdout  # 1,048,576 / 8
+    assert "sequence length          1048576 tokens (global)" in proc.stdout
+    assert "positions                1,048,576 covered by the run's yarn RoPE scaling (x32 over 32,768 positions)" \
+        in proc.stdout
 
 
 @shows(rules.processes_fit_layout)
