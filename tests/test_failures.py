@@ -146,7 +146,8 @@ def test_a_hanging_rank_is_named_and_the_job_stopped(tmp_path):
     (+ the 30 s SIGTERM grace at most) and names rank 1."""
     out = tmp_path / "out"
     started = time.monotonic()
-    proc = launch_cli("ddp", "--smoke", "--cpu", "--hang-timeout", "8", "--output-dir", out, fault="1:3:hang")
+    proc = launch_in_process("ddp", "--smoke", "--cpu", "--hang-timeout", "8", "--output-dir", out,
+                             fault="1:3:hang")
     elapsed = time.monotonic() - started
     assert proc.returncode != 0, explain(proc)
     assert "rank 1 stopped making progress in step 3" in proc.stderr + proc.stdout, explain(proc)

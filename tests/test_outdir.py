@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import REPO, explain, launch_cli
+from conftest import REPO, explain, launch_in_process
 from launch import outdir
 from launch.recipes import LaunchError
 
@@ -31,7 +31,7 @@ def test_a_second_launcher_is_refused_with_the_holders_pid_and_start_time(tmp_pa
     try:
         assert holder.stdout.readline().strip() == "holding"
         before = sorted(p.name for p in out.iterdir())
-        proc = launch_cli("ddp", "--smoke", "--cpu", "--output-dir", out, timeout=120)
+        proc = launch_in_process("ddp", "--smoke", "--cpu", "--output-dir", out)
         assert proc.returncode == 2, explain(proc)
         assert f"Another launcher is using {out}: process {holder.pid} on" in proc.stderr
         assert "started 20" in proc.stderr and "holder (a test)" in proc.stderr

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from accelerate.commands.config.config_args import ClusterConfig
 
-from conftest import explain, launch_cli
+from conftest import explain, launch_in_process
 from launch import copies, docs
 from launch.listing import recipe_rows
 from launch.recipes import RECIPE_FILES, RECIPES_DIR, find_recipe, recipe_names
@@ -88,7 +88,7 @@ def test_a_fork_runs_passes_the_layout_checks_and_sync_leaves_it_alone(tmp_path)
     docs.sync(recipes, out=messages.append)  # regenerates the README's blocks for my-fork, leaves the fork alone
     assert script.read_text() == before and f"left alone (forked: no `{copies.MARKER_PREFIX}` line): {script}" in messages
     assert docs.check(recipes) == [] and "plan my-fork" in (fork / "README.md").read_text()
-    proc = launch_cli(fork, "--smoke", "--cpu", "--dry-run")
+    proc = launch_in_process(fork, "--smoke", "--cpu", "--dry-run")
     assert proc.returncode == 0, explain(proc)
     assert f"{script}" in proc.stdout
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from conftest import TESTED_RULES, explain, launch_cli, shows
+from conftest import TESTED_RULES, explain, launch_cli, launch_in_process, shows
 from launch import hub, rules
 from launch.doctor import read_pins
 from launch.recipes import RECIPES_DIR, LaunchError, find_recipe
@@ -175,7 +175,7 @@ def test_bad_input_fails_before_any_process_starts(tmp_path):
 
 
 def test_dry_run_prints_command_and_effective_setup():
-    proc = launch_cli("zero3", "--smoke", "--cpu", "--num-processes", "4", "--dry-run", "--",
+    proc = launch_in_process("zero3", "--smoke", "--cpu", "--num-processes", "4", "--dry-run", "--",
                       "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "3")
     assert proc.returncode == 0, explain(proc)
     out = proc.stdout
@@ -289,7 +289,7 @@ def test_cp_recipes_pass_every_rule():
 
 
 def test_ring_cp_8gpu_dry_run_shows_its_8_way_mesh_and_per_rank_length():
-    proc = launch_cli("ring-cp-8gpu", "--dry-run")
+    proc = launch_in_process("ring-cp-8gpu", "--dry-run")
     # no GPU here: the plan is valid (exit 0), and the output says clearly that this machine could not run it
     assert proc.returncode == 0, explain(proc)
     assert "this machine could not run it" in proc.stdout and "asks for 8 GPU(s)" in proc.stdout

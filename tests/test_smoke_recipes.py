@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from conftest import assert_parity, explain, launch_cli
+from conftest import assert_parity, explain, launch_in_process
 from launch.recipes import RECIPES_DIR, find_recipe, recipe_names
 
 pytestmark = pytest.mark.slow
@@ -41,7 +41,7 @@ def test_a_copied_recipe_folder_runs_without_edits_and_benches(tmp_path):
     planner's prediction for the same run (on CPU: peak resident set size per process)."""
     copy = tmp_path / "my-ddp"
     shutil.copytree(RECIPES_DIR / "ddp", copy)
-    proc = launch_cli(copy, "--smoke", "--cpu", "--output-dir", tmp_path / "out", "--bench")
+    proc = launch_in_process(copy, "--smoke", "--cpu", "--output-dir", tmp_path / "out", "--bench")
     assert proc.returncode == 0, explain(proc)
     assert "expected metrics: PASSED" in proc.stdout
     summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
