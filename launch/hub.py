@@ -54,18 +54,19 @@ def read_model_config(name_or_path: str | None) -> ModelConfig:
     """The model's text config, from a local folder, the hub cache, or (online, hub reachable) the hub."""
     if not name_or_path:
         return ModelConfig(None, "no model_name_or_path is set")
-    from transformers import AutoConfig
-
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             return ModelConfig(None, f"{path} has no config.json")
-        return _load(AutoConfig, str(path), "local folder", local_files_only=True)
+        return _load(str(path), "local folder", local_files_only=True)
     if looks_local(name_or_path):
         return ModelConfig(None, f"{name_or_path} does not exist")
-    cached = _load(AutoConfig, name_or_path, "hub cache", local_files_only=True)
-    if cached.config is not None:
-        return cached
+    if problem := repo_id_problem(name_or_path):
+        return ModelConfig(None, f"{name_or_path} is {problem}")
+    if _config_in_hub_cache(name_or_path):
+        cached = _load(name_or_path, "hub cache", local_files_only=True)
+        if cached.config is not None:
+            return cached
     hint = (f"copy its config.json into a folder and pass that folder, or run `hf download {name_or_path} config.json` "
             "on a machine that is online")
     if offline():
@@ -74,12 +75,22 @@ def read_model_config(name_or_path: str | None) -> ModelConfig:
     if why := hub_reachable():
         return ModelConfig(None, f"config.json of {name_or_path} is not cached and the hub cannot be reached ({why}); "
                                  f"{hint}")
-    return _load(AutoConfig, name_or_path, "hub")
+    return _load(name_or_path, "hub")
 
 
-def _load(auto_config, name: str, source: str, **kwargs) -> ModelConfig:
+def _config_in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def _load(name: str, source: str, **kwargs) -> ModelConfig:
+    # imported only when there is a config to read: importing AutoConfig costs ~0.8 s (transformers.models scans
+    # every model folder), a third of an offline dry run whose model is not cached
+    from transformers import AutoConfig
+
     try:
-        full = auto_config.from_pretrained(name, **kwargs)
+        full = AutoConfig.from_pretrained(name, **kwargs)
     except Exception as e:  # noqa: BLE001 - transformers raises OSError/ValueError/KeyError for gated, unknown, corrupt
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return ModelConfig(None, f"AutoConfig could not read {name} ({first})")
