@@ -153,9 +153,15 @@ class Architecture:
 
     # ---- parameter counts
     @property
-    def attention_params_per_layer(self) -> int:
+    def attention_matmul_params_per_layer(self) -> int:
+        """q, k, v and o projections."""
         h, q, kv = self.hidden_size, self.q_dim, self.kv_dim
-        n = h * q + 2 * h * kv + q * h
+        return h * q + 2 * h * kv + q * h
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        q, kv = self.q_dim, self.kv_dim
+        n = self.attention_matmul_params_per_layer
         if self.attention_bias:
             n += q + 2 * kv
         if self.qk_norm:
@@ -173,8 +179,7 @@ class Architecture:
 
     @property
     def matmul_params_per_layer(self) -> int:
-        h, q, kv = self.hidden_size, self.q_dim, self.kv_dim
-        return h * q + 2 * h * kv + q * h + self.mlp_params_per_layer
+        return self.attention_matmul_params_per_layer + self.mlp_params_per_layer
 
     @property
     def embedding_params(self) -> int:
