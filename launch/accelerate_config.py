@@ -1,4 +1,4 @@
-"""An Accelerate config checked with Accelerate's own classes before any process starts, and the mesh it asks for.
+"""An Accelerate config checked with Accelerate's own classes before any process starts.
 
 - Top-level keys and `distributed_type`: `ClusterConfig` (what `accelerate launch --config_file` loads) refuses
   unknown keys and enum values it does not know.
@@ -7,9 +7,7 @@
   silently ignored and a value is never type-checked. We look each key up in `launch_command_parser()` and check
   the value against that option's type and choices, so that `num_processes: eight`, `mixed_precison: bf16` or
   `zero_stag: 3` are refused here, with the file and key, instead of failing (or being ignored) in the ranks.
-- The mesh: Accelerate's `ParallelismConfig` validates the sizes (each >= 1, CP and SP exclusive, CP/TP not on pure
-  replication); its own `total_size == num_processes` check runs only in the ranks and is skipped for DeepSpeed SP,
-  so `launch.rules.processes_fit_layout` keeps that one.
+The mesh it asks for is read (and validated by Accelerate's `ParallelismConfig`) in `launch.layout`.
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ import difflib
 from functools import lru_cache
 from pathlib import Path
 
-from launch.constants import MESH_KEYS
-from launch.recipes import LaunchError
+from launch.errors import LaunchError
 
 # Nested sections whose keys `accelerate launch` prefixes before looking them up (_validate_launch_command).
 _PREFIXED = {"fsdp_config": "fsdp_", "fp8_config": "fp8_", "dynamo_config": "dynamo_"}
@@ -95,26 +92,3 @@ def _hint(key: str, known) -> str:
 def check(path: Path, data: dict) -> None:
     if found := problems(path, data):
         raise LaunchError("The Accelerate config has problems:\n  " + "\n  ".join(found))
-
-
-def parallelism(accelerate: dict):
-    """Accelerate's ParallelismConfig for this config's `parallelism_config` (None when it has none); its own
-    validation errors become LaunchErrors."""
-    pc = accelerate.get("parallelism_config") or {}
-    if not pc:
-        return None
-    from accelerate.parallelism_config import ParallelismConfig
-
-    sizes = {f"{dim}_size": _int(pc.get(key, 1), key) for dim, key in MESH_KEYS.items()}
-    try:
-        return ParallelismConfig(**sizes, cp_backend=pc.get("parallelism_config_cp_backend") or "torch",
-                                 sp_backend=pc.get("parallelism_config_sp_backend") or "deepspeed")
-    except ValueError as e:
-        raise LaunchError(f"The parallel layout is invalid (Accelerate's ParallelismConfig: {e}).") from None
-
-
-def _int(value, key) -> int:
-    try:
-        return int(value if value is not None else 1)
-    except (TypeError, ValueError):
-        raise LaunchError(f"`{key}` is {value!r}; expected an integer.") from None

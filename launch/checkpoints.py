@@ -16,7 +16,7 @@ import struct
 import zipfile
 from pathlib import Path
 
-from launch.recipes import LaunchError
+from launch.errors import LaunchError
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 

@@ -6,65 +6,14 @@ message before any training begins.
 
 from __future__ import annotations
 
-import importlib.metadata
-
 from launch import pins as pinfiles
+from launch import rules
+from launch.machine import gpu_info, installed_versions, torch_build
 from launch.constants import FLASH_ATTENTION
 from launch.pins import PINS_FILE, normalize, read_pins  # the one pins parser (launch/pins.py)
 
-# What doctor reports, in this order. The GPU-only ones are absent from the CPU CI venv by design.
-REPORTED = ["torch", "transformers", "accelerate", "deepspeed", "trl", "datasets", "flash-attn", "liger-kernel", "trackio"]
+# GPU-only packages: absent from the CPU CI venv by design.
 GPU_ONLY = {"flash-attn", "liger-kernel"}
-
-
-def installed_versions(names=REPORTED) -> dict[str, str | None]:
-    out = {}
-    for name in names:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def gpu_info() -> tuple[int, list[str]]:
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return 0, []
-        n = torch.cuda.device_count()
-        return n, [torch.cuda.get_device_name(i) for i in range(n)]
-    except Exception:  # noqa: BLE001 - a broken CUDA setup reads as no GPU; doctor says so
-        return 0, []
-
-
-def gpu_memory_gib() -> float:
-    """Memory of the first visible GPU in GiB, as torch reports it (an 80 GB H100 reports about 79.1)."""
-    import torch
-
-    return torch.cuda.get_device_properties(0).total_memory / 2**30
-
-
-def host_memory_gib() -> float | None:
-    """This machine's memory in GiB (None if it cannot be read)."""
-    try:
-        import psutil
-
-        return psutil.virtual_memory().total / 2**30
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def torch_build() -> str:
-    try:
-        import torch
-
-        cuda = torch.version.cuda or "none (CPU build)"
-        nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda and torch.cuda.is_available() else "n/a"
-        return f"CUDA {cuda}, NCCL {nccl}"
-    except Exception as e:  # noqa: BLE001
-        return f"torch unusable: {e}"
 
 
 def same_version(installed: str, pinned: str) -> bool:
@@ -130,8 +79,6 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
 
     installed: {name: version} of every installed distribution, compared with the lock; read from the
     environment when neither it nor `versions` is given (callers that pass versions test other checks)."""
-    from launch import rules
-
     if installed is None and versions is None:
         installed = pinfiles.installed_distributions()
     versions = installed_versions() if versions is None else versions
@@ -151,7 +98,7 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
 
     if setup is not None:
         facts = rules.Facts(versions=versions, gpu_count=gpu_count)
-        out(f"recipe         {setup.recipe.name}: {setup.plan.strategy}, features: {', '.join(rules.features(setup)) or 'none'}")
+        out(f"recipe         {setup.recipe.name}: {setup.layout.strategy}, features: {', '.join(rules.features(setup)) or 'none'}")
         for fn in (rules.version_floors, rules.enough_gpus):
             if msg := fn(setup, facts):
                 problems.append(msg)

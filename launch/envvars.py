@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from launch.constants import ENV_MIN_FREE_MB
-from launch.recipes import LaunchError
+from launch.errors import LaunchError
 
 
 def _number(name: str, default: float, cast=int, minimum: float = 0):

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launch.recipes import LaunchError
+from launch.errors import LaunchError
 
 META = ".launch"
 MANIFEST = "manifest.json"

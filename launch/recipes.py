@@ -16,13 +16,10 @@ from pathlib import Path
 import yaml
 
 from launch import REPO_ROOT
+from launch.errors import LaunchError
 
 RECIPES_DIR = REPO_ROOT / "recipes"
 RECIPE_FILES = ("config.yaml", "train.py", "expected_metrics.json", "README.md")
-
-
-class LaunchError(Exception):
-    """A problem found before any process starts; its message is one paragraph meant for the user."""
 
 
 def load_yaml(path: Path) -> dict:
@@ -99,11 +96,6 @@ class Recipe:
             paragraph.append(line)
         text = " ".join(paragraph)
         return text.split(". ")[0].rstrip(".") + "." if text else ""
-
-    def expected_metrics(self) -> dict:
-        from launch.metrics import read_expected
-
-        return read_expected(self)
 
     def load_train_module(self):
         """Import the recipe's train.py (cheap: its heavy imports live inside functions)."""

@@ -12,37 +12,12 @@ from pathlib import Path
 
 from launch import REPO_ROOT, accelerate_config, checkpoints, outdir, profiles, tracking
 from launch.constants import MESH_KEYS
-from launch.metrics import read_expected
-from launch.plan import Plan, make_plan
-from launch.recipes import LaunchError, Recipe, find_recipe
-from launch.training_args import AFTER_DASHES, Layer, merge
-
-
-@dataclass
-class Options:
-    """What the user asked for on the command line."""
-
-    recipe: str
-    smoke: bool = False
-    cpu: bool = False
-    num_processes: int | None = None
-    mesh: dict = field(default_factory=dict)  # e.g. {"sp": 4, "dp_shard": 2}
-    output_dir: str | None = None
-    max_steps: int | None = None
-    save_steps: int | None = None
-    resume: str | None = None  # "latest" or a checkpoint folder
-    overwrite: bool = False  # delete an earlier run's files in the output folder first
-    force: bool = False  # start even when the planner predicts that the run does not fit this machine's memory
-    bench: bool = False  # measure step time, tokens/s, MFU and memory (launch.bench)
-    bench_warmup: int = 2  # steps excluded from the measurement
-    bench_steps: int | None = None  # measured steps (the run stops after warm-up + these)
-    record: bool = False  # `record`: the invocation is exactly what the command line says, nothing inherited
-    extra: list[str] = field(default_factory=list)  # training arguments after `--`, passed on verbatim
-    # Multi-node: total machines, this machine's rank, and the rendezvous address of machine rank 0.
-    num_machines: int | None = None
-    machine_rank: int | None = None
-    main_process_ip: str | None = None
-    main_process_port: int | None = None
+from launch.errors import LaunchError
+from launch.expected import read_expected
+from launch.layout import Layout
+from launch.options import Options
+from launch.recipes import Recipe, find_recipe
+from launch.training_args import AFTER_DASHES, Checkpointing, Layer, checkpointing, explicit_keys, merge
 
 
 @dataclass
@@ -55,7 +30,9 @@ class Setup:
     accelerate_overrides: dict  # {accelerate launch flag name: value}
     training: dict  # every training field as the ranks will parse it: config.yaml < profile < overrides
     layers: list[Layer]  # the argv after `--config config.yaml`, by source
-    plan: Plan
+    layout: Layout  # strategy, ZeRO stage, mesh, batch: built once here, read by the rules, the plan and the memory model
+    checkpointing: Checkpointing  # activation checkpointing as the ranks get it (its two names resolved once)
+    explicit: dict  # training key -> where it was given (config.yaml or a layer); the rest are defaults
     output_dir: Path
     notes: list[str] = field(default_factory=list)  # said before starting
 
@@ -86,9 +63,12 @@ def resolve(options: Options, progress=print) -> Setup:
     notes: list[str] = []
 
     # A smoke run keeps the layout its expected metrics were recorded with, unless the user changes the layout.
-    recorded = dict(read_expected(recipe).get("profiles", {}).get(profile, {}).get("invocation") or {}) \
-        if options.smoke and not options.record else {}
-    layout_given = options.num_processes is not None or bool(options.mesh)
+    recorded = dict(read_expected(recipe.expected_metrics_path).get("profiles", {}).get(profile, {}).get("invocation")
+                    or {}) if options.smoke and not options.record else {}
+    # A layout given on the command line that equals the recorded one (e.g. the recipe's own --num-processes) is
+    # not a change: the run is judged.
+    layout_given = (options.num_processes is not None and options.num_processes != recorded.get("num_processes")) \
+        or (bool(options.mesh) and {**dict(recorded.get("mesh") or {}), **options.mesh} != dict(recorded.get("mesh") or {}))
     if layout_given or not recorded:
         num_processes, mesh = options.num_processes, dict(options.mesh or {})
     else:
@@ -159,7 +139,9 @@ def resolve(options: Options, progress=print) -> Setup:
         accelerate_overrides=accel_overrides,
         training=training,
         layers=layers,
-        plan=make_plan(accelerate, training),
+        layout=Layout.from_configs(accelerate, training),
+        checkpointing=checkpointing(training),
+        explicit=explicit_keys(recipe.config_path, config, layers),
         output_dir=output_dir,
         notes=notes,
     )

@@ -1,5 +1,5 @@
 """Validity rules, checked before any process starts. Each rule is written once, here, and used by the preflight
-(`python -m launch`), by `doctor`, by the README tables (`launch.docs`) and by the tests (tests/test_rules.py shows
+(`python -m launch`), by `doctor`, by the README tables (`launch.readme_blocks`) and by the tests (tests/test_rules.py shows
 every message).
 
 A rule takes the resolved `Setup` and the `Facts` of this machine and returns None when satisfied, or one paragraph
@@ -14,6 +14,7 @@ failing, since a plan is often made on a machine that will not run it.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -22,7 +23,7 @@ from packaging.version import Version
 
 from launch import hub
 from launch.constants import CP_ATTENTION, SP_ATTENTION, SP_ATTENTION_KEY
-from launch.training_args import effective
+from launch.training_args import alias_ignored
 
 # Version floors per feature (upstream sources: Accelerate's FSDP2_PYTORCH_VERSION and its CP/SP checks, DeepSpeed's
 # ALST requirement; also read by `launch doctor`).
@@ -48,7 +49,7 @@ class Facts:
     gpu_count: int = 0
     model: hub.ModelConfig = field(default_factory=lambda: hub.ModelConfig(None, "not read"))
     missing_inputs: list[str] = field(default_factory=list)  # model or dataset that cannot be found (launch.hub)
-    memory: object | None = None  # launch.planner.Plan for this machine (GPU and host memory), when computable
+    memory: object | None = None  # launch.memory_plan.MemoryPlan for this machine (GPU and host memory), when computable
 
     @property
     def model_config(self):
@@ -120,16 +121,15 @@ def features(setup) -> list[str]:
 
 
 def _fsdp2(setup) -> bool:
-    acc = setup.accelerate
-    return acc.get("distributed_type") == "FSDP" and int((acc.get("fsdp_config") or {}).get("fsdp_version", 1)) == 2
+    return setup.layout.kind == "fsdp2"
 
 
 def _sp(setup) -> int:
-    return setup.plan.mesh.get("sp", 1)
+    return setup.layout.sp
 
 
 def _cp(setup) -> int:
-    return setup.plan.mesh.get("cp", 1)
+    return setup.layout.cp
 
 
 def _public(version: str) -> Version:
@@ -182,7 +182,7 @@ def numbers_positive(setup, facts: Facts):
     "Accelerate: \"ParallelismConfig total_size (N) does not match num_processes (M)\" in the ranks; not checked at "
     "all for DeepSpeed SP"))
 def processes_fit_layout(setup, facts: Facts):
-    plan = setup.plan
+    plan = setup.layout
     if plan.world_size % plan.num_machines:
         return (
             f"{plan.world_size} processes cannot be spread evenly over {plan.num_machines} machines; "
@@ -204,7 +204,7 @@ def processes_fit_layout(setup, facts: Facts):
 
 @rule()
 def multinode_rendezvous(setup, facts: Facts):
-    o, machines = setup.options, setup.plan.num_machines
+    o, machines = setup.options, setup.layout.num_machines
     if machines <= 1:
         return None
     problems = []
@@ -226,7 +226,7 @@ def multinode_rendezvous(setup, facts: Facts):
 def enough_gpus(setup, facts: Facts):
     if setup.options.cpu:
         return None
-    needed = setup.plan.processes_per_machine
+    needed = setup.layout.processes_per_machine
     if facts.gpu_count < needed:
         seen = f"{facts.gpu_count} GPU(s) are visible" if facts.gpu_count else "no GPU is visible"
         return (
@@ -285,19 +285,42 @@ def precision_fits_device(setup, facts: Facts):
     return None
 
 
+@rule(doc=(
+    "checkpointing under one name: `activation_checkpointing*`, or only the deprecated `gradient_checkpointing*`",
+    "transformers ignores `gradient_checkpointing*` without a word when `activation_checkpointing*` is set"))
+def checkpointing_one_name(setup, facts: Facts):
+    # transformers 5.23 TrainingArguments.__post_init__: the deprecated name is used only when the new one is unset
+    problems = []
+    for old, new, where in alias_ignored(setup.training, setup.explicit):
+        problems.append(
+            f"`{old}` is given as {setup.training.get(old)!r} ({where}), but `{new}` is set to "
+            f"{setup.training.get(new)!r} ({setup.explicit[new][1]}), and transformers ignores the "
+            f"deprecated `{old}` whenever `{new}` is set: the run would use {setup.training.get(new)!r}. Give the "
+            f"value under the current name instead, e.g. `-- --{new} "
+            f"{_argv_value(setup.training.get(old))}`.")
+    return "\n".join(problems) or None
+
+
+def _argv_value(value) -> str:
+    return json.dumps(value) if isinstance(value, dict) else str(value).lower() if isinstance(value, bool) else str(value)
+
+
 @rule(feature="context_parallel", doc=(
-    "`gradient_checkpointing: false` (FSDP checkpoints instead)",
+    "`activation_checkpointing: false` when the FSDP config checkpoints (`fsdp_activation_checkpointing: true`)",
     "Trainer: \"`fsdp_config['activation_checkpointing']` (FSDP's own activation checkpointing) and the "
     "`activation_checkpointing` training argument can't both be set to True. ...\""))
 def checkpointing_not_twice(setup, facts: Facts):
     fsdp = setup.accelerate.get("fsdp_config") or {}
-    # `activation_checkpointing` is the current name, `gradient_checkpointing` its deprecated alias (TRL defaults it on)
-    if fsdp.get("fsdp_activation_checkpointing") and effective(setup.training, "activation_checkpointing"):
+    ckpt = setup.checkpointing  # both names resolved once (launch.training_args.checkpointing)
+    if fsdp.get("fsdp_activation_checkpointing") and ckpt.enabled:
+        where = setup.explicit.get(ckpt.name, (0, "TRL's default"))[1]
         return (
-            "FSDP activation checkpointing (fsdp_activation_checkpointing in the Accelerate config) and "
-            "activation_checkpointing / gradient_checkpointing in the training arguments cannot both be on "
-            "(transformers refuses it; TRL's SFTConfig defaults gradient_checkpointing to true). Set "
-            "`gradient_checkpointing: false` in config.yaml (or pass --no_gradient_checkpointing)."
+            "FSDP activation checkpointing (fsdp_activation_checkpointing in the Accelerate config) and activation "
+            f"checkpointing in the training arguments (`{ckpt.name}: true`, from {where}) cannot both be on "
+            "(transformers refuses it; TRL's SFTConfig defaults gradient_checkpointing to true). Pass "
+            "`-- --activation_checkpointing false` (or set `activation_checkpointing: false` in config.yaml; the "
+            "current name wins over the deprecated `gradient_checkpointing`), or set "
+            "`fsdp_activation_checkpointing: false` in the Accelerate config."
         )
     return None
 
@@ -379,8 +402,8 @@ def sp_packing_safe(setup, facts: Facts):
     "DeepSpeed ZeRO stage 1, 2 or 3",
     "stage 0 crashes (DeepSpeed #7833)"))
 def sp_zero_stage(setup, facts: Facts):
-    if _sp(setup) > 1 and setup.plan.zero_stage not in (1, 2, 3):
-        return (f"Ulysses sequence parallelism runs on DeepSpeed ZeRO stage 1, 2 or 3 (stage {setup.plan.zero_stage} "
+    if _sp(setup) > 1 and setup.layout.zero_stage not in (1, 2, 3):
+        return (f"Ulysses sequence parallelism runs on DeepSpeed ZeRO stage 1, 2 or 3 (stage {setup.layout.zero_stage} "
                 "crashes, DeepSpeed #7833): use distributed_type DEEPSPEED with zero_stage 1-3.")
     return None
 
@@ -396,7 +419,7 @@ def tiled_mlp_needs_deepspeed(setup, facts: Facts):
 @rule(feature="alst", doc=("no TRL `activation_offloading` with ZeRO-3 (use `gradient_checkpointing_kwargs: {offload: true}`)",
            "AttributeError: 'Tensor' object has no attribute 'ds_status' in TRL's fused loss"))
 def activation_offloading_without_zero3(setup, facts: Facts):
-    if setup.training.get("activation_offloading") and setup.plan.zero_stage == 3:
+    if setup.training.get("activation_offloading") and setup.layout.zero_stage == 3:
         return ("activation_offloading cannot be combined with DeepSpeed ZeRO-3 here: TRL's offloader works through "
                 "PyTorch saved-tensor hooks, which hand a saved parameter back to the backward as a new tensor object; "
                 "TRL's fused loss saves the lm_head weight and, under ZeRO-3, reads DeepSpeed's `ds_status` from it in "

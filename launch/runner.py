@@ -10,14 +10,15 @@ import socket
 import time
 from pathlib import Path
 
-from launch import (bench, checkpoints, command, doctor, envvars, hub, metrics, monitor, outdir, planner, rules,
-                    supervise, tracking)
-from launch.recipes import LaunchError
+from launch import bench, checkpoints, command, doctor, envvars, hub, judge, monitor, outdir, rules, supervise, tracking
+from launch.errors import LaunchError
+from launch.history import read_history, run_totals, step_metrics
+from launch.machine import gpu_info, gpu_memory_gib, host_memory_gib, installed_versions
+from launch.memory_plan import GPU_MEMORY_GIB, default_target, describe, plan_memory
 from launch.resolve import resolve
 
 # Hang timeout floors (seconds), per profile kind; the watchdog also scales them with the slowest step it sees.
 HANG_FLOOR_S = {"smoke": 60.0, "full": 900.0}
-RENDEZVOUS_TIMEOUT_S = 300.0
 
 
 def say(msg: str) -> None:
@@ -25,10 +26,10 @@ def say(msg: str) -> None:
 
 
 def gather_facts(setup) -> rules.Facts:
-    gpu_count = 0 if setup.options.cpu else doctor.gpu_info()[0]
+    gpu_count = 0 if setup.options.cpu else gpu_info()[0]
     model = hub.read_model_config(setup.training.get("model_name_or_path"))
     return rules.Facts(
-        versions=doctor.installed_versions(),
+        versions=installed_versions(),
         gpu_count=gpu_count,
         model=model,
         missing_inputs=rules.missing_inputs(setup.training),
@@ -41,14 +42,11 @@ def memory_plan(setup, model, gpu_count: int):
     target), its host memory. None when the model's architecture cannot be read."""
     if model.config is None:
         return None
+    target = default_target(setup, gpu_memory_gib() if gpu_count else GPU_MEMORY_GIB, host_memory_gib())
     try:
-        arch = planner.architecture(model, setup.training.get("model_name_or_path"))
+        return plan_memory(setup, target, model=model)
     except (LaunchError, TypeError, ValueError):  # an architecture the memory model does not know (e.g. MoE)
         return None
-    gpu_memory = doctor.gpu_memory_gib() if gpu_count else planner.GPU_MEMORY_GIB
-    target = planner.Target(setup.plan.processes_per_machine, setup.plan.num_machines, gpu_memory,
-                            doctor.host_memory_gib())
-    return planner.make(setup, arch, target)
 
 
 def check_free_space(path: Path, min_free: int | None = None) -> None:
@@ -104,8 +102,8 @@ def wait_for_rendezvous(host: str, port: int, timeout: float) -> None:
                       "has started, and the firewall; --rendezvous-timeout sets this wait.")
 
 
-def launch(options, dry_run: bool = False, record: bool = False, hang_timeout: float | None = None,
-           rendezvous_timeout: float = RENDEZVOUS_TIMEOUT_S) -> int:
+def launch(options, dry_run: bool = False) -> int:
+    record = options.record
     setup = resolve(options, progress=say)
     if os.environ.get("LAUNCH_DOCTOR_AT_START") == "1" and not dry_run:
         if doctor.run_doctor(setup, strict=True, out=lambda m: say(f"doctor: {m}")):
@@ -127,13 +125,13 @@ def launch(options, dry_run: bool = False, record: bool = False, hang_timeout: f
     say(f"recipe {setup.recipe.name}, profile {setup.profile}")
     if line := rules.skipped_line(setup, facts, report):
         say(line)
-    print(setup.plan.describe(), flush=True)
-    if setup.plan.max_length:
+    print(setup.layout.describe(), flush=True)
+    if setup.layout.max_length:
         covered, source = rules.rope_coverage(setup, facts.model_config)
         print(f"positions                {covered:,} covered by {source}" if covered else
               f"positions                {source} (the model's config was not read)", flush=True)
     if facts.memory is not None and (dry_run or not options.cpu):
-        print(planner.describe(facts.memory), flush=True)
+        print(describe(facts.memory), flush=True)
     print(command.display(cmd), flush=True)
     for note in setup.notes + (claim.notes if claim else []):
         say(note)
@@ -152,22 +150,22 @@ def launch(options, dry_run: bool = False, record: bool = False, hang_timeout: f
         raise LaunchError("\n\n".join(report.all))
 
     if (options.machine_rank or 0) > 0:
-        wait_for_rendezvous(options.main_process_ip, options.main_process_port or 29500, rendezvous_timeout)
+        wait_for_rendezvous(options.main_process_ip, options.main_process_port or 29500, options.rendezvous_timeout)
     outdir.claim(claim, command=" ".join(cmd))
     try:
         check_writable(setup.output_dir)
-        return _run(setup, cmd, record, hang_timeout, facts)
+        return _run(setup, cmd, record, facts)
     finally:
         outdir.release(claim)
 
 
-def _run(setup, cmd, record, hang_timeout, facts) -> int:
+def _run(setup, cmd, record, facts) -> int:
     log_path = setup.output_dir / "launch.log"
     log_start = log_path.stat().st_size if log_path.exists() else 0
     monitor_dir = setup.output_dir / ".launch" / "heartbeat"
     shutil.rmtree(monitor_dir, ignore_errors=True)
-    floor = hang_timeout or HANG_FLOOR_S["smoke" if setup.options.smoke else "full"]
-    per_machine = setup.plan.processes_per_machine
+    floor = setup.options.hang_timeout or HANG_FLOOR_S["smoke" if setup.options.smoke else "full"]
+    per_machine = setup.layout.processes_per_machine
     first = (setup.options.machine_rank or 0) * per_machine
     watchdog = supervise.Watchdog(monitor_dir, list(range(first, first + per_machine)), floor)
     started = time.time()
@@ -176,8 +174,8 @@ def _run(setup, cmd, record, hang_timeout, facts) -> int:
 
     state = setup.output_dir / "trainer_state.json"
     # a trainer_state.json older than this run belongs to an earlier run in the same folder
-    history = metrics.read_history(setup.output_dir) if state.exists() and state.stat().st_mtime >= started else []
-    observed = metrics.step_metrics(history)
+    history = read_history(setup.output_dir) if state.exists() and state.stat().st_mtime >= started else []
+    observed = step_metrics(history)
     verdict = None
     status = rc
     if rc != 0 or stopped_by:
@@ -194,24 +192,24 @@ def _run(setup, cmd, record, hang_timeout, facts) -> int:
     elif record:
         if not observed["loss"]:
             raise LaunchError(f"The run logged no per-step loss in {setup.output_dir}/trainer_state.json.")
-        path = metrics.record(setup, observed)
+        path = judge.record(setup, observed)
         say(f"recorded {len(observed['loss'])} steps as the expected metrics of {setup.profile} in {path}")
     elif (setup.options.machine_rank or 0) > 0:
         say("machine rank > 0: the per-step metrics are logged and judged on machine rank 0")
     elif setup.options.smoke:
-        verdict, status = judge(setup, observed)
+        verdict, status = judge.judge_run(setup, observed, say=say)
 
     summary = {
         "recipe": setup.recipe.name,
         "profile": setup.profile,
         "command": cmd,
         "invocation": setup.invocation,
-        "plan": setup.plan.as_dict(),
-        "versions": doctor.installed_versions(),
-        "world_size": setup.plan.world_size,
-        "effective_batch": setup.plan.effective_batch,
+        "layout": setup.layout.as_dict(),
+        "versions": installed_versions(),
+        "world_size": setup.layout.world_size,
+        "effective_batch": setup.layout.effective_batch,
         "wall_time_s": round(wall, 2),
-        **metrics.run_totals(history),
+        **run_totals(history),
         "exit_status": rc,
         "stopped_by": stopped_by,
         "observed": observed,
@@ -228,8 +226,8 @@ def _run(setup, cmd, record, hang_timeout, facts) -> int:
 def bench_report(setup, facts, folder: Path) -> dict | None:
     """--bench: the ranks' measurements combined, next to the planner's prediction for the same run."""
     plan = facts.memory
-    arch = planner.architecture(facts.model, None) if facts.model.config is not None else None
-    measured = bench.summarize(folder, arch, setup.plan.max_length)
+    arch = plan.arch if plan is not None else None
+    measured = bench.summarize(folder, arch, setup.layout.max_length)
     if measured is None:
         say("bench: no rank wrote measurements")
         return None
@@ -242,19 +240,3 @@ def bench_report(setup, facts, folder: Path) -> dict | None:
     print(bench.format_summary(measured, comparison), flush=True)
     return {**measured, "predicted": predicted, "predicted_vs_measured": comparison}
 
-
-def judge(setup, observed) -> tuple[dict | None, int]:
-    expected_all = setup.recipe.expected_metrics()
-    expected = (expected_all.get("profiles") or {}).get(setup.profile)
-    record_cmd = f"python -m launch record {setup.recipe.name} --smoke{' --cpu' if setup.options.cpu else ''}"
-    if not expected:
-        say(f"no expected metrics for profile {setup.profile} in {setup.recipe.expected_metrics_path}; "
-            f"record them deliberately with `{record_cmd}`")
-        return {"passed": False, "reason": "no expected metrics for this profile"}, 3
-    if expected.get("invocation") != setup.invocation:
-        say(f"not judged: this run's layout {setup.invocation} differs from the recorded one "
-            f"{expected.get('invocation')}")
-        return {"passed": None, "reason": "layout differs from the recorded one"}, 0
-    verdict = metrics.compare(expected, observed, expected_all.get("tolerance"))
-    print(metrics.format_verdict(verdict), flush=True)
-    return verdict, 0 if verdict["passed"] else 1

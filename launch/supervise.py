@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from launch.monitor import PHASES, read_heartbeats
+
 GRACE_SECONDS = 30
 POLL_SECONDS = 0.5
 
@@ -42,8 +44,6 @@ class Watchdog:
         return max(self.floor, self.FACTOR * self.longest_gap)
 
     def check(self, now: float | None = None) -> str | None:
-        from launch.monitor import PHASES, read_heartbeats
-
         now = time.time() if now is None else now
         beats = read_heartbeats(self.folder)
         if not beats:

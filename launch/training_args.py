@@ -7,7 +7,7 @@ recipe's `make_parser()` builds, so that the launcher sees the values the ranks 
 choices, `--no_X` flags, list values, YAML strings converted as argparse converts them. What we do NOT run is the
 dataclasses' `__post_init__`: `TrainingArguments.__post_init__` initialises Accelerate's device state in this
 process (and refuses bf16 on a machine without a GPU, where a GPU run is being planned), so its two normalisations
-that the rules need are repeated in `effective()` and `_load_json_dicts()`, each saying where upstream does it.
+that the rules need are repeated in `checkpointing()` and `_load_json_dicts()`, each saying where upstream does it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.recipes import LaunchError
+from launch.errors import LaunchError
 
 AFTER_DASHES = "the training arguments after `--`"
 
@@ -91,15 +91,61 @@ def merge(make_parser, config_path: Path, config: dict, layers: list[Layer]) -> 
     return values
 
 
-def effective(values: dict, name: str):
-    """`activation_checkpointing` and `activation_checkpointing_kwargs`, with their deprecated aliases
-    `gradient_checkpointing*` used when the new name is unset (transformers 5.23 TrainingArguments.__post_init__)."""
-    aliases = {"activation_checkpointing": "gradient_checkpointing",
-               "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs"}
-    value = values.get(name)
-    if value is None and name in aliases:
-        value = values.get(aliases[name])
-    return value
+@dataclass(frozen=True)
+class Checkpointing:
+    """Activation checkpointing as the ranks get it, resolved once (`checkpointing()`), for the rules and the memory
+    model."""
+
+    enabled: bool
+    kwargs: dict
+    name: str  # the key that decided it: "activation_checkpointing", or "gradient_checkpointing" (TRL's default)
+
+    @property
+    def offload(self) -> bool:
+        return bool(self.kwargs.get("offload", False))
+
+
+CHECKPOINTING_ALIASES = {"gradient_checkpointing": "activation_checkpointing",
+                         "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs"}
+
+
+def checkpointing(values: dict) -> Checkpointing:
+    """transformers 5.23 (TrainingArguments.__post_init__): `activation_checkpointing*` are the current names and
+    `gradient_checkpointing*` their deprecated aliases, used only when the new name is unset (None); TRL's config
+    defaults `gradient_checkpointing` to True. A value given under the old name while the new one is set is ignored
+    by transformers: `alias_ignored()` finds that before the start."""
+    new = values.get("activation_checkpointing")
+    enabled = new if new is not None else values.get("gradient_checkpointing", True)  # TRL's default
+    kwargs = values.get("activation_checkpointing_kwargs")
+    if kwargs is None:
+        kwargs = values.get("gradient_checkpointing_kwargs")
+    return Checkpointing(bool(enabled), dict(kwargs or {}),
+                         "activation_checkpointing" if new is not None else "gradient_checkpointing")
+
+
+def alias_ignored(values: dict, explicit: dict[str, tuple[int, str]]) -> list[tuple[str, str, str]]:
+    """(old name, new name, where the old one was given) for each deprecated checkpointing name that the user gave
+    (`explicit`: key -> (precedence, source), as `explicit_keys` returns) at the same or a later place than the new
+    name, with another value: the user meant it to win, and transformers will ignore it. (The new name given later
+    than the old one is what the user meant, and wins: that is fine.)"""
+    out = []
+    for old, new in CHECKPOINTING_ALIASES.items():
+        if old in explicit and new in explicit and explicit[old][0] >= explicit[new][0] \
+                and values.get(new) is not None and values.get(old) != values.get(new):
+            out.append((old, new, explicit[old][1]))
+    return out
+
+
+def explicit_keys(config_path: Path, config: dict, layers: list[Layer]) -> dict[str, tuple[int, str]]:
+    """Every training key given explicitly -> (precedence, source): config.yaml is 0, each later layer one more (the
+    last one wins, as in the parser); `--no_X` counts as X."""
+    out = {key: (0, str(config_path)) for key in config if key != "env"}
+    for rank, layer in enumerate(layers, start=1):
+        for token in layer.argv:
+            if token.startswith("--"):
+                key = token[2:].split("=", 1)[0].replace("-", "_")
+                out[key[3:] if key.startswith("no_") else key] = (rank, layer.source)
+    return out
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------------

@@ -1,127 +1,12 @@
-"""Shared helpers: running the launcher as a user would, and a cache of smoke runs shared across tests."""
+"""pytest fixtures shared by the test files (helpers are plain modules in tests/helpers/)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from helpers.common import OFFLINE_ENV, free_port  # noqa: F401 (re-exported for the tests)
-
-REPO = Path(__file__).resolve().parent.parent
-HARNESS = Path(__file__).resolve().parent / "harness"
-
-
-def test_env(env: dict | None = None, fault: str | None = None) -> dict:
-    """The environment of a launcher started by a test: offline; with `fault` ("RANK:STEP:raise|hang"), the
-    harness's sitecustomize injects that fault into the training ranks (tests/harness/sitecustomize.py)."""
-    full = dict(os.environ, **OFFLINE_ENV)
-    if fault:
-        full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HARNESS), os.environ.get("PYTHONPATH")]))
-        full["RECIPES_TEST_FAULT"] = fault
-    full.update(env or {})
-    return full
-
-
-test_env.__test__ = False  # a helper, not a test
-
-
-def launch_cli(*args, timeout=600, env=None, fault=None) -> subprocess.CompletedProcess:
-    """`python -m launch ARGS` from the repository root, output captured."""
-    return subprocess.run(
-        [sys.executable, "-m", "launch", *map(str, args)],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout, env=test_env(env, fault),
-    )
-
-
-def launch_in_process(*args, env=None, fault=None) -> subprocess.CompletedProcess:
-    """What `python -m launch ARGS` does, run by `launch.__main__.main` inside the test process: the launcher's
-    imports (torch, transformers, TRL, Accelerate: ~3.5 s) are paid once per session instead of once per run. The
-    training job is the same real `accelerate launch` process group with its ranks. The `python -m launch` entry point
-    itself (`sys.exit(main())`) is exercised by the tests that use launch_cli. Output is captured as launch_cli's."""
-    import io
-    from unittest import mock
-
-    from launch.__main__ import main
-
-    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
-    err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
-    argv = list(map(str, args))
-    with mock.patch.dict(os.environ, test_env(env, fault), clear=True), \
-            mock.patch.object(sys, "stdout", out), mock.patch.object(sys, "stderr", err):
-        cwd = os.getcwd()
-        os.chdir(REPO)
-        try:
-            rc = main(argv)
-        finally:
-            os.chdir(cwd)
-            out.flush()
-            err.flush()
-    text = lambda stream: stream.buffer.getvalue().decode("utf-8", errors="replace")  # noqa: E731
-    return subprocess.CompletedProcess(["python", "-m", "launch", *argv], rc, text(out), text(err))
-
-
-class SmokeRuns:
-    """Runs each (recipe, args) once per session; parity tests reuse the smoke tests' runs."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.done: dict[tuple, tuple[subprocess.CompletedProcess, dict]] = {}
-
-    def run(self, recipe: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-        key = (recipe, *args)
-        if key not in self.done:
-            out = self.root / f"{recipe}-{len(self.done)}"
-            proc = launch_in_process(recipe, "--smoke", "--cpu", "--output-dir", out, *args)
-            summary_path = out / "run_summary.json"
-            summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-            self.done[key] = (proc, summary)
-        return self.done[key]
+from helpers.launcher import SmokeRuns
 
 
 @pytest.fixture(scope="session")
 def smoke_runs(tmp_path_factory) -> SmokeRuns:
     return SmokeRuns(tmp_path_factory.mktemp("smoke-runs"))
-
-
-PARITY_PLOTS = REPO / "outputs" / "parity-failures"
-
-
-def assert_parity(name: str, runs: list[tuple[str, dict]], tolerance: dict[str, float]) -> None:
-    """Each run's per-step metrics (run_summary.json's "observed") within `tolerance` (max |diff| per metric) of the
-    first run's. On failure, `launch compare`'s plot and table of the runs are written to
-    outputs/parity-failures/NAME.png and the table is part of the assertion message."""
-    (_, first), problems = runs[0], []
-    for label, other in runs[1:]:
-        for metric, limit in tolerance.items():
-            a, b = first[metric], other[metric]
-            if len(a) != len(b) or not a:
-                problems.append(f"{label} {metric}: {len(b)} steps, the first run has {len(a)}")
-                continue
-            worst = max(abs(x - y) for x, y in zip(a, b))
-            if worst >= limit:
-                problems.append(f"{label} {metric}: max |diff| {worst:.3g} >= {limit:g}")
-    if problems:
-        from launch.compare import write_comparison
-
-        path = PARITY_PLOTS / f"{name}.png"
-        table = write_comparison(runs, path, tolerance={m: {"max_abs": v, "mean": v} for m, v in tolerance.items()},
-                                 title=name)
-        raise AssertionError("; ".join(problems) + f"\nplot: {path}\n{table}")
-
-
-TESTED_RULES: set[str] = set()
-
-
-def shows(rule_fn):
-    """Marks a test as one that shows rule_fn's message (tests/test_rules.py checks every rule has one)."""
-    TESTED_RULES.add(rule_fn.__name__)
-    return lambda test: test
-
-
-def explain(proc: subprocess.CompletedProcess) -> str:
-    return f"exit {proc.returncode}\n--- stdout (tail)\n{proc.stdout[-4000:]}\n--- stderr (tail)\n{proc.stderr[-4000:]}"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, free_port, shows
+from helpers.launcher import REPO, free_port, shows
 from launch import outdir, rules
 from launch.__main__ import main
 from launch.recipes import RECIPES_DIR, find_recipe

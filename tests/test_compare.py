@@ -11,8 +11,9 @@ import pytest
 
 import matplotlib.image as mpimg  # in the lock: a missing matplotlib fails here, not skipped
 
-from launch import compare
-from launch.metrics import TOLERANCE  # noqa: E402
+from launch import plots
+from launch.commands import compare as compare_command
+from launch.expected import TOLERANCE  # noqa: E402
 
 STEPS = list(range(1, 13))
 LOSS = [4.2118, 3.786, 3.5774, 3.3892, 3.1629, 2.9702, 2.7807, 2.6174, 2.4732, 2.319, 2.1831, 2.0756]
@@ -79,7 +80,7 @@ def assert_plot(path, min_size=(600, 900)):
 def test_compare_draws_the_plot_and_tabulates_the_perturbation(runs, tmp_path, capsys):
     base, same, bumped = runs
     out = tmp_path / "plots" / "cmp.png"
-    assert compare.main([str(base), str(same), str(bumped), "--out", str(out)]) == 0
+    assert compare_command.main([str(base), str(same), str(bumped), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert_plot(out)
     assert str(out.resolve()) in printed
@@ -109,7 +110,7 @@ def test_runs_are_matched_by_step_number_and_compared_on_common_steps(tmp_path, 
     loss = [v + (1e-3 if s == 7 else 0.0) for s, v in zip(STEPS, LOSS)][2:]
     part = write_run(tmp_path / "part", loss=loss, grad=GRAD[2:], steps=STEPS[2:])
     out = tmp_path / "cmp.png"
-    assert compare.main([str(base), str(part), "--out", str(out)]) == 0
+    assert compare_command.main([str(base), str(part), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     rows = table_rows(printed)
     assert rows[("part", "loss")]["steps"] == 10
@@ -123,7 +124,7 @@ def test_runs_are_matched_by_step_number_and_compared_on_common_steps(tmp_path, 
 def test_labels_without_a_summary_and_with_equal_folder_names(tmp_path, capsys):
     a = write_run(tmp_path / "ddp" / "smoke-cpu")
     b = write_run(tmp_path / "zero3" / "smoke-cpu")
-    assert compare.main([str(a), str(b), "--out", str(tmp_path / "c.png")]) == 0
+    assert compare_command.main([str(a), str(b), "--out", str(tmp_path / "c.png")]) == 0
     printed = capsys.readouterr().out
     assert "differences from the first run, ddp/smoke-cpu" in printed
     assert ("zero3/smoke-cpu", "loss") in table_rows(printed)
@@ -134,7 +135,7 @@ def test_default_output_is_compare_png_in_the_current_folder(runs, tmp_path, mon
     work = tmp_path / "here"
     work.mkdir()
     monkeypatch.chdir(work)
-    assert compare.main([str(base), str(same)]) == 0
+    assert compare_command.main([str(base), str(same)]) == 0
     assert_plot(work / "compare.png")
     assert str(work / "compare.png") in capsys.readouterr().out
 
@@ -142,7 +143,7 @@ def test_default_output_is_compare_png_in_the_current_folder(runs, tmp_path, mon
 def test_a_missing_metric_at_some_step_keeps_steps_aligned(tmp_path, capsys):
     base = write_run(tmp_path / "a")
     other = write_run(tmp_path / "b", extra_history=[{"step": 13, "loss": 2.0}])  # no grad_norm at step 13
-    assert compare.main([str(base), str(other), "--out", str(tmp_path / "c.png")]) == 0
+    assert compare_command.main([str(base), str(other), "--out", str(tmp_path / "c.png")]) == 0
     rows = table_rows(capsys.readouterr().out)
     assert rows[("b", "loss")]["steps"] == 12 and rows[("b", "loss")]["max_abs"] == 0.0
     assert rows[("b", "grad_norm")]["steps"] == 12 and rows[("b", "grad_norm")]["max_abs"] == 0.0
@@ -160,7 +161,7 @@ def test_unusable_run_folder_exits_2_naming_it(runs, tmp_path, capsys, case):
     if case == "bad json":
         (bad / "trainer_state.json").write_text('{"log_history": [')
     out = tmp_path / "cmp.png"
-    assert compare.main([str(base), str(bad), "--out", str(out)]) == 2
+    assert compare_command.main([str(base), str(bad), "--out", str(out)]) == 2
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and str(bad) in err, err
@@ -177,15 +178,15 @@ def test_a_folder_with_only_checkpoints_points_to_the_newest(runs, tmp_path, cap
     for n in (3, 12):
         (stopped / f"checkpoint-{n}").mkdir(parents=True)
         (stopped / f"checkpoint-{n}" / "trainer_state.json").write_text("{}")
-    assert compare.main([str(runs[0]), str(stopped), "--out", str(tmp_path / "c.png")]) == 2
+    assert compare_command.main([str(runs[0]), str(stopped), "--out", str(tmp_path / "c.png")]) == 2
     assert str(stopped / "checkpoint-12") in capsys.readouterr().err
 
 
 def test_argument_errors_exit_2(runs, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        compare.main([str(runs[0])])
+        compare_command.main([str(runs[0])])
     assert e.value.code == 2
-    assert compare.main([str(runs[0]), str(runs[1]), "--out", str(tmp_path / "c.svg")]) == 2
+    assert compare_command.main([str(runs[0]), str(runs[1]), "--out", str(tmp_path / "c.svg")]) == 2
     assert "c.svg" in capsys.readouterr().err
 
 
@@ -194,7 +195,7 @@ def test_write_comparison_for_parity_failures(tmp_path):
     ddp = {"step": STEPS, "loss": LOSS, "grad_norm": GRAD}
     zero3 = {"step": STEPS, "loss": perturbed(LOSS, LOSS_BUMP), "grad_norm": GRAD}
     out = tmp_path / "parity" / "ddp-vs-zero3.png"
-    table = compare.write_comparison([("ddp", ddp), ("zero3", zero3)], out)
+    table = plots.write_comparison([("ddp", ddp), ("zero3", zero3)], out)
     assert_plot(out)
     rows = table_rows(table)
     assert rows[("zero3", "loss")]["max_abs"] == pytest.approx(LOSS_BUMP[1], rel=1e-3)
@@ -204,7 +205,7 @@ def test_write_comparison_for_parity_failures(tmp_path):
     limits = {"loss": {"max_abs": 1e-5, "mean": 1e-5}, "grad_norm": {"max_abs": 1e-5, "mean": 1e-5}}
     broken = {"step": STEPS[:6], "loss": LOSS[:5] + [float("nan")]}
     out2 = tmp_path / "odd.png"
-    table = compare.write_comparison([("ddp", ddp), ("zero3", zero3), ("broken", broken)], out2,
+    table = plots.write_comparison([("ddp", ddp), ("zero3", zero3), ("broken", broken)], out2,
                                      tolerance=limits, title="test_zero_stages_match_ddp[zero3]")
     assert_plot(out2)
     assert "1e-05 / 1e-05" in table and "TRL" not in table
@@ -222,28 +223,28 @@ def test_symlog_when_differences_span_decades(tmp_path):
     fig = Figure()
     ax = fig.subplots()
     runs = [("ddp", ddp), ("close", close), ("far", far)]
-    compare._draw_differences(ax, [d for d in compare.differences(runs) if d.metric == "loss"], "loss",
+    plots._draw_differences(ax, [d for d in plots.differences(runs) if d.metric == "loss"], "loss",
                               ["black", "C0", "C1"], True, TOLERANCE["loss"], "TRL tolerance")
     assert ax.get_yscale() == "symlog"
     ax2 = fig.subplots()
-    compare._draw_differences(ax2, [d for d in compare.differences(runs[:2]) if d.metric == "loss"], "loss",
+    plots._draw_differences(ax2, [d for d in plots.differences(runs[:2]) if d.metric == "loss"], "loss",
                               ["black", "C0"], True, TOLERANCE["loss"], "TRL tolerance")
     assert ax2.get_yscale() == "linear"
     assert np.isfinite(ax2.get_ylim()).all()
 
 
 def test_a_failing_parity_check_writes_the_plot_and_the_table(tmp_path, monkeypatch):
-    """conftest.assert_parity, which the parity tests use: a miss raises with the compare table and a PNG path."""
-    import conftest
+    """helpers.launcher.assert_parity, which the parity tests use: a miss raises with the compare table and a PNG path."""
+    from helpers import launcher
 
-    monkeypatch.setattr(conftest, "PARITY_PLOTS", tmp_path)
+    monkeypatch.setattr(launcher, "PARITY_PLOTS", tmp_path)
     first = {"step": [1, 2, 3], "loss": [3.0, 2.0, 1.0], "grad_norm": [1.0, 1.0, 1.0]}
     close = {"step": [1, 2, 3], "loss": [3.0, 2.0, 1.0 + 1e-7], "grad_norm": [1.0, 1.0, 1.0]}
-    conftest.assert_parity("same", [("a", first), ("b", close)], {"loss": 1e-5, "grad_norm": 1e-5})
+    launcher.assert_parity("same", [("a", first), ("b", close)], {"loss": 1e-5, "grad_norm": 1e-5})
     assert not (tmp_path / "same.png").exists()
     off = {"step": [1, 2, 3], "loss": [3.0, 2.1, 1.0], "grad_norm": [1.0, 1.0, 1.0]}
     with pytest.raises(AssertionError) as e:
-        conftest.assert_parity("off", [("a", first), ("b", off)], {"loss": 1e-5, "grad_norm": 1e-5})
+        launcher.assert_parity("off", [("a", first), ("b", off)], {"loss": 1e-5, "grad_norm": 1e-5})
     message = str(e.value)
     assert "b loss: max |diff| 0.1 >= 1e-05" in message and f"plot: {tmp_path / 'off.png'}" in message
     assert (tmp_path / "off.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from conftest import free_port
+from helpers.launcher import free_port
 
 WORLD = 4
 BATCH, HEADS, SEQ, HEAD_DIM = 2, 4, 32, 16  # SEQ divisible by 2 * cp for both cp sizes

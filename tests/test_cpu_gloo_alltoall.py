@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from conftest import free_port
+from helpers.launcher import free_port
 
 WORLD_SIZE = 4
 GROUP_SIZE = 2

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import explain, launch_cli
+from helpers.launcher import explain, launch_cli
 from launch import doctor as doctor_module
 from launch import pins as pinfiles
-from launch.doctor import GPU_ONLY, REPORTED, read_pins, run_doctor
-from launch.resolve import Options, resolve
+from launch.doctor import GPU_ONLY, read_pins, run_doctor
+from launch.machine import REPORTED
+from launch.options import Options
+from launch.resolve import resolve
 
 PINS = read_pins()
 

@@ -16,9 +16,9 @@ from collections import namedtuple
 import psutil
 import pytest
 
-from conftest import REPO, explain, launch_cli, launch_in_process, test_env
+from helpers.launcher import REPO, explain, launch_cli, launch_in_process, test_env
 from launch import checkpoints, outdir, runner
-from launch.recipes import LaunchError
+from launch.errors import LaunchError
 
 
 def test_unwritable_output_dir_is_found_before_training(tmp_path):

@@ -12,10 +12,12 @@ import json
 
 import pytest
 
-from conftest import REPO, explain, launch_cli
-from launch.doctor import gpu_info
+from helpers.launcher import REPO, explain, launch_cli
+from launch.expected import read_expected
+from launch.machine import gpu_info
 from launch.recipes import find_recipe, recipe_names
-from launch.resolve import Options, resolve
+from launch.options import Options
+from launch.resolve import resolve
 
 pytestmark = pytest.mark.gpu
 
@@ -28,10 +30,10 @@ def test_gpu_smoke_profile_meets_expected_metrics(name):
         pytest.skip(f"{name}: no NVIDIA GPU visible (torch.cuda.is_available() is False); the CPU path is tested "
                     "by tests/test_smoke_recipes.py")
     setup = resolve(Options(recipe=name, smoke=True))
-    needed = setup.plan.processes_per_machine
+    needed = setup.layout.processes_per_machine
     if GPUS < needed:
         pytest.skip(f"{name}: needs {needed} GPUs, {GPUS} visible")
-    expected = find_recipe(name).expected_metrics().get("profiles", {}).get("smoke-gpu")
+    expected = read_expected(find_recipe(name).expected_metrics_path).get("profiles", {}).get("smoke-gpu")
     assert expected, (f"{name} has no smoke-gpu expected metrics; record them on this runner with "
                       f"`python -m launch record {name} --smoke` and commit them with the reason")
     out = REPO / "outputs" / "gpu-smoke" / name

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from conftest import REPO, test_env
+from helpers.launcher import REPO, test_env
 
 PROBE = """
 import json, sys

@@ -1,4 +1,4 @@
-"""The memory model (launch/memory.py): one hand-computed test per term, the planner's helpers, `from_configs` on
+"""The memory model (launch/memory/): one hand-computed test per term, the planner's helpers, `from_configs` on
 every recipe, and the calibration against published measurements (sources beside each figure).
 
 Run the calibration table with `pytest tests/test_memory.py -s -k calibration`.
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launch import memory as mm
+from helpers import memory_measure
+from launch.memory import constants, terms
 from launch.memory import Architecture, RunShape, estimate, fits, format_table, longest_length
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,7 +38,7 @@ CONFIGS = {
 ARCH = {name: Architecture.from_config(cfg) for name, cfg in CONFIGS.items()}
 
 # PyTorch reports an H100 80GB HBM3 as "total capacity of 79.1x GiB" (out-of-memory messages)
-H100 = mm.H100_80GB_GIB
+H100 = constants.H100_80GB_GIB
 
 
 def mesh(**sizes) -> dict:
@@ -194,7 +195,7 @@ def test_alst_published_length_fits_in_memory():
     llama = ARCH["meta-llama/Llama-3.1-8B-Instruct"]
     assert fits(estimate(llama, alst_run(500_000)), H100)
     assert fits(estimate(llama, alst_run(555_000)), H100)
-    (reason, limit), = mm.kernel_length_limits(llama, alst_run())
+    (reason, limit), = terms.kernel_length_limits(llama, alst_run())
     assert 500_000 < limit < 555_000 and "int32" in reason
 
 
@@ -260,7 +261,7 @@ def test_toy_parameter_count():
 
 
 def test_zero3_states_without_offload():
-    s = mm.model_state_bytes(TOY, toy_run())
+    s = terms.model_state_bytes(TOY, toy_run())
     small = 2 * 16 + 8  # norms stay whole on every rank (stage3_param_persistence_threshold)
     part = (TOY_P - small) / 4 + small
     assert s["params_gpu"] == 2 * part and s["grads_gpu"] == 2 * part  # bf16 params, bf16 grad partitions
@@ -269,16 +270,16 @@ def test_zero3_states_without_offload():
 
 
 def test_zero3_offload_moves_optimizer_and_gradients_to_host():
-    s = mm.model_state_bytes(TOY, toy_run(offload_optimizer=True))
+    s = terms.model_state_bytes(TOY, toy_run(offload_optimizer=True))
     assert s["optim_gpu"] == 0 and s["grads_gpu"] == 0
     assert s["optim_host"] == (4 + 8 + 4) * TOY_P / 4 and s["grads_host"] == 2 * TOY_P / 4
-    s = mm.model_state_bytes(TOY, toy_run(offload_optimizer=True, offload_params=True))
+    s = terms.model_state_bytes(TOY, toy_run(offload_optimizer=True, offload_params=True))
     assert s["params_gpu"] == 2 * (2 * 16 + 8)  # only the persistent small parameters stay
 
 
 def test_zero1_and_zero2_partition_less():
-    s1 = mm.model_state_bytes(TOY, toy_run(zero_stage=1))
-    s2 = mm.model_state_bytes(TOY, toy_run(zero_stage=2))
+    s1 = terms.model_state_bytes(TOY, toy_run(zero_stage=1))
+    s2 = terms.model_state_bytes(TOY, toy_run(zero_stage=2))
     assert s1["params_gpu"] == s2["params_gpu"] == 2 * TOY_P
     assert s1["grads_gpu"] == 2 * TOY_P and s2["grads_gpu"] == 2 * TOY_P / 4
     assert s1["optim_gpu"] == s2["optim_gpu"] == 12 * TOY_P / 4
@@ -286,53 +287,53 @@ def test_zero1_and_zero2_partition_less():
 
 def test_fsdp2_shards_are_fp32_under_mixed_precision():
     run = toy_run(strategy="fsdp2", zero_stage=None)
-    s = mm.model_state_bytes(TOY, run)
+    s = terms.model_state_bytes(TOY, run)
     assert s["params_gpu"] == s["grads_gpu"] == 4 * TOY_P / 4 and s["optim_gpu"] == 8 * TOY_P / 4
-    s = mm.model_state_bytes(TOY, replace(run, mixed_precision="no"))  # bf16 model, no mixed precision: bf16 shards
+    s = terms.model_state_bytes(TOY, replace(run, mixed_precision="no"))  # bf16 model, no mixed precision: bf16 shards
     assert s["params_gpu"] == 2 * TOY_P / 4
 
 
 def test_ddp_bf16_model_trains_pure_bf16():
     run = toy_run(strategy="ddp", zero_stage=None, world_size=4, mesh=mesh(dp_replicate=4))
-    s = mm.model_state_bytes(TOY, run)
+    s = terms.model_state_bytes(TOY, run)
     assert s["params_gpu"] == s["grads_gpu"] == 2 * TOY_P and s["optim_gpu"] == 4 * TOY_P
-    assert mm.comm_buffer_bytes(TOY, run, "layer") == 2 * TOY_P  # reducer buckets: a second copy of the grads
+    assert terms.comm_buffer_bytes(TOY, run, "layer") == 2 * TOY_P  # reducer buckets: a second copy of the grads
 
 
 def test_gathered_parameters():
     run = toy_run()
     # ZeRO-3: max(max_live_parameters, LM head + 2 layers) 16-bit elements, capped at the model
-    assert mm.gathered_param_bytes(TOY, run, "loss") == 2 * TOY_P
+    assert terms.gathered_param_bytes(TOY, run, "loss") == 2 * TOY_P
     big = replace(run, max_live_parameters=100)
-    assert mm.gathered_param_bytes(TOY, big, "loss") == 2 * (256 + 2 * 592)
-    assert mm.gathered_param_bytes(TOY, replace(run, world_size=1, mesh=mesh()), "loss") == 0  # nothing to gather
+    assert terms.gathered_param_bytes(TOY, big, "loss") == 2 * (256 + 2 * 592)
+    assert terms.gathered_param_bytes(TOY, replace(run, world_size=1, mesh=mesh()), "loss") == 0  # nothing to gather
     fsdp = toy_run(strategy="fsdp2", zero_stage=None)
-    assert mm.gathered_param_bytes(TOY, fsdp, "layer") == 2 * 2 * 592
-    assert mm.gathered_param_bytes(TOY, fsdp, "loss") == 2 * (592 + 256 + 8)
+    assert terms.gathered_param_bytes(TOY, fsdp, "layer") == 2 * 2 * 592
+    assert terms.gathered_param_bytes(TOY, fsdp, "loss") == 2 * (592 + 256 + 8)
 
 
 def test_communication_buffers():
     run = toy_run(reduce_bucket_size=1000)
-    assert mm.comm_buffer_bytes(TOY, run, "loss") == 2 * 1000
-    assert mm.comm_buffer_bytes(TOY, run, "layer") == 2 * (1000 + 1000)  # + the reduce-scatter cat
-    assert mm.comm_buffer_bytes(TOY, toy_run(zero_stage=2, reduce_bucket_size=1000), "layer") == 2 * (1000 + 592)
-    assert mm.comm_buffer_bytes(TOY, toy_run(strategy="fsdp2", zero_stage=None), "layer") == 2 * 2 * 592
+    assert terms.comm_buffer_bytes(TOY, run, "loss") == 2 * 1000
+    assert terms.comm_buffer_bytes(TOY, run, "layer") == 2 * (1000 + 1000)  # + the reduce-scatter cat
+    assert terms.comm_buffer_bytes(TOY, toy_run(zero_stage=2, reduce_bucket_size=1000), "layer") == 2 * (1000 + 592)
+    assert terms.comm_buffer_bytes(TOY, toy_run(strategy="fsdp2", zero_stage=None), "layer") == 2 * 2 * 592
     cpu = toy_run(device="cpu")  # only touched pages: at most the gradients
-    assert mm.comm_buffer_bytes(TOY, cpu, "loss") == 4 * TOY_P
+    assert terms.comm_buffer_bytes(TOY, cpu, "loss") == 4 * TOY_P
 
 
 def test_checkpointed_inputs():
     run = toy_run(max_length=10)
-    assert mm.checkpointed_input_bytes(TOY, run) == 2 * 10 * 8 * 2 + 2 * 10 * 4 * 2
+    assert terms.checkpointed_input_bytes(TOY, run) == 2 * 10 * 8 * 2 + 2 * 10 * 4 * 2
 
 
 def test_layer_working_set_by_hand():
     run = toy_run(max_length=10, world_size=1, mesh=mesh())
     # saved per token up to attention: HF norm (fp32 8 + bf16 8 -> 48 bytes), norm output 16, q/k/v 2x(8+4+4)=32,
     # output + lse 2x8 + 4x2 = 24 -> 120; after attention: norm 48 + output 16 + MLP 4x2x16 = 128 -> 192
-    assert sum(mm.layer_saved_bytes_per_token(TOY, run)["attention"].values()) == 120
-    assert sum(mm.layer_saved_bytes_per_token(TOY, run)["mlp"].values()) == 192
-    ws = mm.layer_working_set_bytes(TOY, run)
+    assert sum(terms.layer_saved_bytes_per_token(TOY, run)["attention"].values()) == 120
+    assert sum(terms.layer_saved_bytes_per_token(TOY, run)["mlp"].values()) == 192
+    ws = terms.layer_working_set_bytes(TOY, run)
     # MLP backward: 120 + 192 + residual grad 16 + 2 x 2 x 16 = 392 per token
     assert ws["mlp_backward"] == 392 * 10
     # attention backward: 120 + 16 + d(out) 16 + dq,dk,dv 32 + dq_accum 4x8 + GQA dk/dv expanded 2x2x8 = 248
@@ -341,15 +342,15 @@ def test_layer_working_set_by_hand():
 
 def test_layer_working_set_liger_tiled_and_reentrant():
     run = toy_run(max_length=10, world_size=1, mesh=mesh(), liger_kernels=True, tiled_mlp=True)
-    saved = mm.layer_saved_bytes_per_token(TOY, run)
+    saved = terms.layer_saved_bytes_per_token(TOY, run)
     assert saved["attention"]["input norm"] == 0 and "MLP intermediates" not in saved["mlp"]
-    ws = mm.layer_working_set_bytes(TOY, run)
+    ws = terms.layer_working_set_bytes(TOY, run)
     # tiles: ceil(10 / 8) = 2 shards of 5 tokens; per tile the transformers MLP inside TiledMLP, (4 + 2) x 2 x 16
     # + 2 x 2 x 8 = 224 bytes per token
     s = (120 - 48) + (16 + 16)  # no norm-1 extras; after attention: residual saved by Liger's norm 2 + its output
     assert ws["mlp_backward"] == (s + 16 + 16) * 10 + 224 * 5  # + residual grad + x_grad, + one tile
     reentrant = replace(run, checkpoint_reentrant=True, offload_activations=True)
-    r = mm.layer_saved_bytes_per_token(TOY, reentrant)
+    r = terms.layer_saved_bytes_per_token(TOY, reentrant)
     assert r["attention"]["layer input (back from host)"] == 16 and r["mlp"]["recomputed layer output"] == 16
 
 
@@ -357,46 +358,46 @@ def test_ring_cp_and_ulysses_attention_terms():
     base = toy_run(max_length=40, world_size=2, mesh=mesh(cp=2))
     four = replace(base, world_size=4, mesh=mesh(cp=4))
     # allgather keeps cp x local K+V: two more ranks add 2 x (2 bytes x 2 x kv_dim 4) per local token
-    a2 = mm.layer_working_set_bytes(TOY, base, n_tokens=10)["attention_backward"]
-    a4 = mm.layer_working_set_bytes(TOY, four, n_tokens=10)["attention_backward"]
+    a2 = terms.layer_working_set_bytes(TOY, base, n_tokens=10)["attention_backward"]
+    a4 = terms.layer_working_set_bytes(TOY, four, n_tokens=10)["attention_backward"]
     assert a4 - a2 == 2 * (2 * 2 * 4) * 10
-    alltoall = mm.layer_working_set_bytes(TOY, replace(four, cp_comm_strategy="alltoall"), n_tokens=10)
+    alltoall = terms.layer_working_set_bytes(TOY, replace(four, cp_comm_strategy="alltoall"), n_tokens=10)
     assert alltoall["attention_backward"] < a4
     # Ulysses with 1 KV head over sp=2: the head is replicated, each rank sees head_dim x sp per local token
     sp2 = toy_run(world_size=2, mesh=mesh(sp=2))
-    assert mm._kv_dim_attention(TOY, sp2) == 4 * 2
-    assert mm.layer_saved_bytes_per_token(TOY, sp2)["attention"]["Ulysses local output"] == 2 * 8
+    assert terms._kv_dim_attention(TOY, sp2) == 4 * 2
+    assert terms.layer_saved_bytes_per_token(TOY, sp2)["attention"]["Ulysses local output"] == 2 * 8
     assert sp2.per_rank_length == 5 and four.per_rank_length == 10
 
 
 def test_eager_attention_is_quadratic():
     run = toy_run(attn_implementation="eager", world_size=1, mesh=mesh())
-    short = mm.layer_working_set_bytes(TOY, replace(run, max_length=100))["peak"]
-    long = mm.layer_working_set_bytes(TOY, replace(run, max_length=200))["peak"]
+    short = terms.layer_working_set_bytes(TOY, replace(run, max_length=100))["peak"]
+    long = terms.layer_working_set_bytes(TOY, replace(run, max_length=200))["peak"]
     assert long / short > 3.5
 
 
 def test_loss_terms_by_hand():
     run = toy_run(max_length=10, world_size=1, mesh=mesh())
     norm = 4 * 8 + 2 * 8  # final HF RMSNorm: fp32 copy + normalised bf16
-    full = mm.loss_bytes(TOY, replace(run, loss="full_logits"))
+    full = terms.loss_bytes(TOY, replace(run, loss="full_logits"))
     # + the norm output (saved by the LM head) + fp32 log_softmax and two fp32 gradients at the backward start
     assert full["total"] == (norm + 2 * 8 + 12 * 32) * 10
-    fused = mm.loss_bytes(TOY, run)
+    fused = terms.loss_bytes(TOY, run)
     # hidden[mask] bf16 + log_z, entropy fp32 + grad_hidden fp32 + its bf16 copy; tile 10 x 32 bf16; grad_weight
     # fp32 + bf16
     assert fused["total"] == (norm + 2 * 8 + 8 + 4 * 8 + 2 * 8) * 10 + 10 * 32 * 2 + 4 * 32 * 8 + 2 * 32 * 8
-    liger = mm.loss_bytes(TOY, replace(run, loss="liger_flce", liger_kernels=True))
+    liger = terms.loss_bytes(TOY, replace(run, loss="liger_flce", liger_kernels=True))
     # chunk = next_pow2(ceil(10 / ceil(32 / 8))) = 4 rows x vocab, grad_weight in bf16
     assert liger["fixed"] == 2 * 4 * 32 + 2 * 32 * 8
     assert liger["per_token"] == (2 * 8 + 2 * 8) + 2 * 8 + 4
 
 
 def test_optimizer_step_temporaries():
-    assert mm.optimizer_step_bytes(TOY, toy_run()) == (2 + 4) * TOY_P / 4  # sub-group flatten + fp32 copy
-    assert mm.optimizer_step_bytes(TOY, toy_run(sub_group_size=100)) == 6 * 100
-    assert mm.optimizer_step_bytes(TOY, toy_run(zero_stage=2)) == 4 * TOY_P / 4
-    assert mm.optimizer_step_bytes(TOY, toy_run(offload_optimizer=True)) == 0
+    assert terms.optimizer_step_bytes(TOY, toy_run()) == (2 + 4) * TOY_P / 4  # sub-group flatten + fp32 copy
+    assert terms.optimizer_step_bytes(TOY, toy_run(sub_group_size=100)) == 6 * 100
+    assert terms.optimizer_step_bytes(TOY, toy_run(zero_stage=2)) == 4 * TOY_P / 4
+    assert terms.optimizer_step_bytes(TOY, toy_run(offload_optimizer=True)) == 0
 
 
 def test_offloaded_activations_use_power_of_two_pinned_blocks():
@@ -404,8 +405,8 @@ def test_offloaded_activations_use_power_of_two_pinned_blocks():
     run = RunShape(world_size=8, mesh=mesh(sp=8), strategy="deepspeed", zero_stage=3, max_length=3_700_000,
                    per_device_batch=1, gradient_checkpointing=True, offload_activations=True)
     hidden = 462_500 * 4096 * 2  # 3.79e9 bytes -> a 4 GiB block (alst-ulysses-8gpu's layer input)
-    assert mm.offloaded_activation_host_bytes(llama, run) == 32 * 4 * GIB
-    assert mm.offloaded_activation_host_bytes(llama, replace(run, offload_pinned=False)) == 32 * hidden
+    assert terms.offloaded_activation_host_bytes(llama, run) == 32 * 4 * GIB
+    assert terms.offloaded_activation_host_bytes(llama, replace(run, offload_pinned=False)) == 32 * hidden
     est = estimate(llama, run)
     assert math.isclose(est.host_per_node_gib, 8 * est.host_per_process_gib)
 
@@ -434,17 +435,17 @@ def test_host_terms_for_offloaded_states():
 
 def test_kernel_length_limits():
     llama = ARCH["meta-llama/Llama-3.1-8B-Instruct"]
-    assert mm.kernel_length_limits(llama, replace(alst_run(), liger_kernels=False)) == []
-    (_, limit), = mm.kernel_length_limits(llama, alst_run())
+    assert terms.kernel_length_limits(llama, replace(alst_run(), liger_kernels=False)) == []
+    (_, limit), = terms.kernel_length_limits(llama, alst_run())
     assert limit == (2**31 - 1) // 4096 == 524_287
     sp8 = replace(alst_run(), world_size=8, mesh=mesh(sp=8))
-    assert mm.kernel_length_limits(llama, sp8)[0][1] == 8 * 524_287
+    assert terms.kernel_length_limits(llama, sp8)[0][1] == 8 * 524_287
     assert any("kernel limit" in n for n in estimate(llama, alst_run(600_000)).notes)
 
 
 def test_fsdp2_without_reshard_keeps_every_unit_gathered():
     run = toy_run(strategy="fsdp2", zero_stage=None, fsdp_reshard_after_forward=False)
-    assert mm.gathered_param_bytes(TOY, run, "layer") == 2 * TOY_P
+    assert terms.gathered_param_bytes(TOY, run, "layer") == 2 * TOY_P
 
 
 # =====================================================================================================================
@@ -499,17 +500,17 @@ def test_cpu_mode_is_a_process_rss():
     names = [t.name for t in est.gpu_terms]
     assert not any("CUDA" in n for n in names) and any("process runtime" in n for n in names)
     assert "DeepSpeed engine runtime" in names and all(t.where == "host" for t in est.gpu_terms)
-    runtime = mm.CPU_RUNTIME_BASELINE_GIB + mm.CPU_DEEPSPEED_ENGINE_GIB
+    runtime = constants.CPU_RUNTIME_BASELINE_GIB + constants.CPU_DEEPSPEED_ENGINE_GIB
     assert est.host_terms == [] and runtime < est.gpu_peak_gib < runtime + 0.01  # a 82K-parameter model
     assert "per process (CPU)" in format_table(est, 16.0, None)
 
 
 @pytest.mark.skipif(os.environ.get("MEMORY_MEASURE") != "1", reason="set MEMORY_MEASURE=1 to re-measure (~40 s)")
 def test_cpu_runtime_constants_are_measured():
-    measured = mm.measure_cpu_runtime_baseline_gib()
-    assert abs(measured - mm.CPU_RUNTIME_BASELINE_GIB) < 0.1, measured
-    engine = mm.measure_cpu_deepspeed_engine_gib()
-    assert abs(engine - mm.CPU_DEEPSPEED_ENGINE_GIB) < 0.1, engine
+    measured = memory_measure.measure_cpu_runtime_baseline_gib()
+    assert abs(measured - constants.CPU_RUNTIME_BASELINE_GIB) < 0.1, measured
+    engine = memory_measure.measure_cpu_deepspeed_engine_gib()
+    assert abs(engine - constants.CPU_DEEPSPEED_ENGINE_GIB) < 0.1, engine
 
 
 # =====================================================================================================================

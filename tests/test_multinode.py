@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, explain, free_port, launch_in_process, test_env
+from helpers.launcher import REPO, explain, free_port, launch_in_process, test_env
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def test_two_machines_on_loopback_match_one_machine(recipe, processes, tmp_path,
                 "--output-dir", str(tmp_path / f"machine{rank}")]
 
     # machine rank 1 is a launcher process of its own (`python -m launch`); machine rank 0 runs in this process
-    # (conftest.launch_in_process), as the two would on two hosts
+    # (helpers.launcher.launch_in_process), as the two would on two hosts
     machine1 = subprocess.Popen([sys.executable, "-m", "launch", *argv(1)], cwd=REPO, env=test_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     machine0 = launch_in_process(*argv(0))

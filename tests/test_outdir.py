@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from conftest import REPO, explain, launch_in_process
+from helpers.launcher import REPO, explain, launch_in_process
 from launch import outdir
-from launch.recipes import LaunchError
+from launch.errors import LaunchError
 
 HOLD = """
 import sys, time

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import assert_parity, explain
+from helpers.launcher import assert_parity, explain
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from launch.__main__ import main
-from launch.docs import MODEL_CONFIGS
+from launch.readme_blocks import MODEL_CONFIGS
 
 QWEN3_8B = MODEL_CONFIGS / "Qwen--Qwen3-8B"
 LLAMA_8B = MODEL_CONFIGS / "meta-llama--Llama-3.1-8B-Instruct"

@@ -10,9 +10,10 @@ import pytest
 import yaml
 from accelerate.commands.config.config_args import ClusterConfig
 
-from conftest import explain, launch_in_process
-from launch import copies, docs
-from launch.listing import recipe_rows
+from helpers.launcher import explain, launch_in_process
+from launch.expected import read_expected
+from launch import copies, readme_blocks
+from launch.commands.listing import recipe_rows
 from launch.recipes import RECIPE_FILES, RECIPES_DIR, find_recipe, recipe_names
 
 RECIPES = recipe_names()
@@ -50,10 +51,11 @@ def test_recipe_config_loads_in_trl(name):
 
 
 def test_train_script_copies_match_the_template_and_readme_blocks_are_current():
-    problems = docs.check()
-    assert problems == [], ("\n".join(problems) + "\nEdit templates/train.py (or the rule in launch/rules.py), then run "
-                            "`python -m launch sync-scripts`; to change one recipe's train.py on purpose, delete its "
-                            "`# Copied from` line (a fork) and say why in its README.")
+    problems = readme_blocks.check()
+    assert problems == [], ("\n".join(problems) + "\nRun `python -m launch sync-scripts` (it rewrites the marked train.py "
+                            "copies from templates/train.py and every generated README block from the code); to change "
+                            "one recipe's train.py on purpose, delete its `# Copied from` line (a fork) and say why in "
+                            "its README.")
 
 
 def test_every_shipped_recipe_is_a_marked_copy():
@@ -82,12 +84,17 @@ def test_a_fork_runs_passes_the_layout_checks_and_sync_leaves_it_alone(tmp_path)
     script.write_text("".join(lines).replace("def main(script_args", "GREETING = 'hello'\n\n\ndef main(script_args"))
     (fork / "README.md").write_text((fork / "README.md").read_text() + "\nForked train.py: it greets.\n")
     shutil.copytree(RECIPES_DIR / "ddp", recipes / "ddp")
-    assert docs.check(recipes) == [f"{fork / 'README.md'}: generated block(s) fits-on differ from the code"]  # names zero3
+    assert readme_blocks.check(recipes) == []  # a copied folder's generated blocks follow the folder they are in
     before = script.read_text()
     messages = []
-    docs.sync(recipes, out=messages.append)  # regenerates the README's blocks for my-fork, leaves the fork alone
+    readme_blocks.sync(recipes, out=messages.append)  # leaves the fork alone
     assert script.read_text() == before and f"left alone (forked: no `{copies.MARKER_PREFIX}` line): {script}" in messages
-    assert docs.check(recipes) == [] and "plan my-fork" in (fork / "README.md").read_text()
+    # a changed config makes the "fits on" block stale; the check's advice is the command that fixes it
+    (fork / "config.yaml").write_text((fork / "config.yaml").read_text().replace("max_length: 2048", "max_length: 1024"))
+    [stale] = readme_blocks.check(recipes)
+    assert "fits-on" in stale and "run `python -m launch sync-scripts`" in stale
+    readme_blocks.sync(recipes, out=messages.append)
+    assert readme_blocks.check(recipes) == []
     proc = launch_in_process(fork, "--smoke", "--cpu", "--dry-run")
     assert proc.returncode == 0, explain(proc)
     assert f"{script}" in proc.stdout
@@ -113,9 +120,10 @@ def test_expected_metrics_are_as_the_record_command_writes_them(name):
     """expected_metrics.json changes only through `python -m launch record`: every profile carries the environment
     and invocation it was recorded with, and bounds derived from its own losses (a hand-edited loss list would
     no longer match its bounds)."""
-    from launch.metrics import METRICS, TOLERANCE, bounds_for
+    from launch.expected import TOLERANCE, bounds_for
+    from launch.stepdiff import METRICS
 
-    data = find_recipe(name).expected_metrics()
+    data = read_expected(find_recipe(name).expected_metrics_path)
     assert data.get("tolerance") == TOLERANCE
     for profile, entry in data.get("profiles", {}).items():
         assert profile in ("smoke-cpu", "smoke-gpu"), profile

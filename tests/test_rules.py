@@ -9,11 +9,15 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from conftest import TESTED_RULES, explain, launch_cli, launch_in_process, shows
+from helpers.launcher import TESTED_RULES, explain, launch_cli, launch_in_process, shows
 from launch import hub, rules
 from launch.doctor import read_pins
-from launch.recipes import RECIPES_DIR, LaunchError, find_recipe
-from launch.resolve import Options, resolve
+from launch.errors import LaunchError
+from launch.memory_plan import Target, plan_memory
+from launch.readme_blocks import MODEL_CONFIGS
+from launch.recipes import RECIPES_DIR, find_recipe
+from launch.options import Options
+from launch.resolve import resolve
 
 PINNED = {name: read_pins()[name] for name in ("torch", "transformers", "accelerate", "deepspeed", "trl", "datasets")}
 
@@ -150,8 +154,30 @@ def test_fsdp_activation_checkpointing_and_gradient_checkpointing(tmp_path):
     folder = make_recipe(tmp_path, base="ddp", accelerate={
         "distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2, "fsdp_activation_checkpointing": True}})
     [msg] = messages(resolve(Options(recipe=str(folder))))
-    assert "cannot both be on" in msg and "gradient_checkpointing: false" in msg
+    assert "cannot both be on" in msg and "`-- --activation_checkpointing false`" in msg
+    # the advice works, and so does the deprecated name when the config does not set the current one
+    assert messages(resolve(Options(recipe=str(folder), extra=["--activation_checkpointing", "false"]))) == []
     assert messages(resolve(Options(recipe=str(folder), extra=["--gradient_checkpointing", "false"]))) == []
+    # through the deprecated name in config.yaml, the conflict is refused as well
+    folder2 = make_recipe(tmp_path / "two", base="ring-cp-2gpu", config={"activation_checkpointing": None,
+                                                                          "gradient_checkpointing": True},
+                          accelerate={"fsdp_config": {"fsdp_version": 2, "fsdp_activation_checkpointing": True}})
+    assert any("cannot both be on" in m for m in messages(resolve(Options(recipe=str(folder2)))))
+
+
+@shows(rules.checkpointing_one_name)
+def test_the_deprecated_checkpointing_name_is_refused_where_transformers_would_ignore_it():
+    # ring-cp-2gpu sets activation_checkpointing: true; transformers would ignore --gradient_checkpointing false
+    [msg] = messages(resolve(Options(recipe="ring-cp-2gpu", smoke=True, cpu=True,
+                                     extra=["--gradient_checkpointing", "false"])))
+    assert "`gradient_checkpointing` is given as False" in msg and "`-- --activation_checkpointing false`" in msg
+    # the current name works, and the old one given in config.yaml under a newer one on the command line is fine
+    assert messages(resolve(Options(recipe="ring-cp-2gpu", smoke=True, cpu=True,
+                                    extra=["--activation_checkpointing", "false"]))) == []
+    assert messages(resolve(Options(recipe="zero3", smoke=True, cpu=True,
+                                    extra=["--activation_checkpointing", "false"]))) == []
+    assert resolve(Options(recipe="zero3", smoke=True, cpu=True,
+                           extra=["--activation_checkpointing", "false"])).checkpointing.enabled is False
 
 
 def test_every_rule_has_a_test_showing_its_message():
@@ -433,11 +459,8 @@ def test_rope_rule_counts_the_models_own_scaling():
 
 
 def _memory(setup, config_dir, host=None, gpu=79.1):
-    from launch import planner
-    from launch.docs import MODEL_CONFIGS
-
-    arch = planner.architecture(hub.read_model_config(str(MODEL_CONFIGS / config_dir)), None)
-    return planner.make(setup, arch, planner.Target(setup.plan.processes_per_machine, 1, gpu, host))
+    model = hub.read_model_config(str(MODEL_CONFIGS / config_dir))
+    return plan_memory(setup, Target(setup.layout.processes_per_machine, 1, gpu, host), model=model)
 
 
 @shows(rules.host_memory_fits)

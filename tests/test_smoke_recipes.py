@@ -7,12 +7,13 @@ import shutil
 
 import pytest
 
-from conftest import assert_parity, explain, launch_in_process
+from helpers.launcher import assert_parity, explain, launch_in_process
+from launch.expected import read_expected
 from launch.recipes import RECIPES_DIR, find_recipe, recipe_names
 
 pytestmark = pytest.mark.slow
 
-CPU_VERIFIED = [n for n in recipe_names() if "smoke-cpu" in find_recipe(n).expected_metrics().get("profiles", {})]
+CPU_VERIFIED = [n for n in recipe_names() if "smoke-cpu" in read_expected(find_recipe(n).expected_metrics_path).get("profiles", {})]
 
 
 def test_every_recipe_is_verified_on_cpu():
@@ -26,7 +27,7 @@ def test_smoke_profile_meets_expected_metrics_on_cpu(name, smoke_runs):
     assert proc.returncode == 0, explain(proc)
     assert "expected metrics: PASSED" in proc.stdout
     assert summary["verdict"]["passed"] is True
-    recorded = find_recipe(name).expected_metrics()["profiles"]["smoke-cpu"]
+    recorded = read_expected(find_recipe(name).expected_metrics_path)["profiles"]["smoke-cpu"]
     assert summary["invocation"] == recorded["invocation"]
     # run_summary.json holds what a user needs to trust (or reproduce) the run
     for key in ("recipe", "profile", "command", "versions", "world_size", "effective_batch", "wall_time_s",
@@ -62,20 +63,21 @@ def test_a_copied_recipe_folder_runs_without_edits_and_benches(tmp_path):
     assert "planner: peak RSS per process predicted" in proc.stdout
 
 
-def test_a_miss_is_reported_and_exits_nonzero(smoke_runs, capsys):
+def test_a_miss_is_reported_and_exits_nonzero(smoke_runs, capsys, monkeypatch):
     """The judge can fail: the ddp smoke run's real metrics against expected losses that are off by 1% are a miss
     (judged in-process, through the launcher's own judge, on the run the smoke test made)."""
-    from launch import runner
-    from launch.resolve import Options, resolve
+    from launch import judge
+    from launch.options import Options
+    from launch.resolve import resolve
 
     proc, summary = smoke_runs.run("ddp")
     assert proc.returncode == 0, explain(proc)
     setup = resolve(Options(recipe="ddp", smoke=True, cpu=True), progress=lambda *_: None)
-    expected = json.loads(json.dumps(setup.recipe.expected_metrics()))
+    expected = json.loads(json.dumps(read_expected(setup.recipe.expected_metrics_path)))
     steps = expected["profiles"]["smoke-cpu"]["steps"]
     steps["loss"] = [x * 1.01 for x in steps["loss"]]
-    setup.recipe.expected_metrics = lambda: expected
-    verdict, status = runner.judge(setup, summary["observed"])
+    monkeypatch.setattr(judge, "read_expected", lambda path: expected)
+    verdict, status = judge.judge_run(setup, summary["observed"])
     out = capsys.readouterr().out
     assert status == 1 and verdict["passed"] is False
     assert "MISS  loss max |diff|" in out and "expected metrics: FAILED" in out

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import assert_parity, explain
+from helpers.launcher import assert_parity, explain
 
 pytestmark = pytest.mark.slow
 

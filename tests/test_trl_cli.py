@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, explain, free_port, test_env
+from helpers.launcher import REPO, explain, free_port, test_env
 from launch import profiles
 from launch.recipes import find_recipe
 

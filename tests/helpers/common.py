@@ -1,4 +1,4 @@
-"""Small helpers shared by the tests and by the helper scripts they spawn (which cannot import conftest)."""
+"""Small helpers shared by the tests and by the helper scripts they spawn (which cannot import the test modules)."""
 
 from __future__ import annotations
 

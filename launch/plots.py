@@ -1,8 +1,8 @@
-"""`python -m launch compare RUN_DIR RUN_DIR... [--out FILE.png]`: per-step loss and grad_norm of several runs, and
+"""Plots of runs (`python -m launch compare`, `launch.commands.compare`): per-step loss and grad_norm of several runs, and
 each run's difference from the first, as one PNG and a table.
 
-The measure is the parity tests' and the judge's own: on the steps two runs both logged, the maximum absolute
-difference and the mean signed difference (run - first). TRL's invariant tolerances (`launch.metrics.TOLERANCE`)
+The measure is the parity tests' and the judge's own (`launch.stepdiff`): on the steps two runs both logged, the maximum absolute
+difference and the mean signed difference (run - first). TRL's invariant tolerances (`launch.expected.TOLERANCE`)
 are printed beside them for context; the parity tests hold tighter limits of their own.
 
 Parity tests can call `write_comparison(runs, out)` when they fail, with (label, observed) pairs where observed is
@@ -12,14 +12,13 @@ returns the table text.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from launch.metrics import METRICS, TOLERANCE, read_history, step_metrics
+from launch.expected import TOLERANCE
+from launch.history import read_history, step_metrics
+from launch.stepdiff import METRICS, Diff, by_step, differences
 
 DEFAULT_OUT = "compare.png"  # in the current folder
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
@@ -89,7 +88,7 @@ def run_label(folder: Path) -> str:
     return f"{name} [{'/'.join(parts)}]" if parts else name
 
 
-def _unique_labels(folders: list[Path], labels: list[str]) -> list[str]:
+def unique_labels(folders: list[Path], labels: list[str]) -> list[str]:
     """Labels that collide (outputs/ddp/smoke-cpu vs outputs/zero3/smoke-cpu without summaries) get more of their
     path; identical paths get a number."""
     out = list(labels)
@@ -110,60 +109,6 @@ def _unique_labels(folders: list[Path], labels: list[str]) -> list[str]:
 
 
 # --- the comparison -----------------------------------------------------------------------------------------------
-
-@dataclass
-class Diff:
-    label: str
-    metric: str
-    steps: list[int]          # the steps both runs logged this metric at
-    diffs: list[float]        # run - first, at those steps
-    n_first: int              # steps the first run logged this metric at
-    n_run: int                # steps this run logged it at
-
-    @property
-    def max_abs(self) -> float | None:
-        if not self.diffs:
-            return None
-        if any(math.isnan(d) for d in self.diffs):
-            return math.nan
-        return max(abs(d) for d in self.diffs)
-
-    @property
-    def mean(self) -> float | None:
-        return sum(self.diffs) / len(self.diffs) if self.diffs else None
-
-
-def by_step(observed: dict, metric: str) -> dict[int, float]:
-    """{step: value} of one metric. Values are parallel to observed["step"] (steps 1..n when it is absent, as in
-    an older summary); None marks a step that did not log the metric. A list that cannot be aligned with the
-    steps (another length) is matched by position from the first step."""
-    values = list(observed.get(metric) or [])
-    steps = list(observed.get("step") or range(1, len(values) + 1))
-    out = {}
-    for s, v in zip(steps, values):
-        if v is None:
-            continue
-        try:
-            out[int(s)] = float(v)
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-def differences(runs: list[tuple[str, dict]]) -> list[Diff]:
-    """For each run after the first and each metric: run - first on the steps both logged."""
-    if not runs:
-        return []
-    first = {m: by_step(runs[0][1], m) for m in METRICS}
-    result = []
-    for label, observed in runs[1:]:
-        for metric in METRICS:
-            mine = by_step(observed, metric)
-            common = sorted(set(first[metric]) & set(mine))
-            result.append(Diff(label, metric, common, [mine[s] - first[metric][s] for s in common],
-                               len(first[metric]), len(mine)))
-    return result
-
 
 def _fmt(x: float | None, spec: str = ".3e") -> str:
     if x is None:
@@ -200,10 +145,10 @@ def comparison_table(runs: list[tuple[str, dict]], tolerance: dict | None = None
         if bad:
             notes.append(f"note: {d.label} {d.metric}: not finite (nan/inf in either run) at step(s) "
                          f"{', '.join(map(str, bad[:10]))}{' ...' if len(bad) > 10 else ''}")
-        if len(d.steps) != d.n_first or len(d.steps) != d.n_run:
-            notes.append(f"note: {d.label} {d.metric}: {len(d.steps)} common steps (first run logged {d.n_first}, "
+        if len(d.steps) != d.n_reference or len(d.steps) != d.n_run:
+            notes.append(f"note: {d.label} {d.metric}: {len(d.steps)} common steps (first run logged {d.n_reference}, "
                          f"this run {d.n_run}); compared on those only")
-    lines.append("tolerance: TRL's invariant tolerances (launch.metrics.TOLERANCE), for context; the parity tests "
+    lines.append("tolerance: TRL's invariant tolerances (launch.expected.TOLERANCE), for context; the parity tests "
                  "hold tighter limits of their own" if tolerance is TOLERANCE else "tolerance: as given by the caller")
     return "\n".join(lines + notes)
 
@@ -337,53 +282,3 @@ def _draw_differences(ax, diffs: list[Diff], metric: str, colors: list[str], mar
     ax.set_title(f"{metric}: run − first  ({scale}{note})", fontsize=12)
     ax.set_ylabel(f"{metric} difference")
     ax.grid(True, alpha=0.3)
-
-
-# --- the command --------------------------------------------------------------------------------------------------
-
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m launch compare",
-        description="Plot and tabulate per-step loss and grad_norm of run folders; each run is compared with the "
-                    "first on the steps both logged (max |diff|, mean signed diff).")
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="output folders holding trainer_state.json; the "
-                   "first is the reference")
-    p.add_argument("--out", default=DEFAULT_OUT, metavar="FILE.png",
-                   help=f"where the PNG goes (default: {DEFAULT_OUT} in the current folder)")
-    ns = p.parse_args(argv)
-    if len(ns.runs) < 2:
-        p.error("give at least two run folders (the first is the reference)")
-
-    out = Path(ns.out)
-    if out.suffix.lower() != ".png":
-        print(f"error: --out {out}: the plot is written as PNG; give a name ending in .png", file=sys.stderr)
-        return 2
-    folders = [Path(r) for r in ns.runs]
-    problems, observed = [], []
-    for folder in folders:
-        try:
-            observed.append(read_run(folder))
-        except CompareError as e:
-            problems.append(str(e))
-    if problems:
-        print(f"error: {'; '.join(problems)}", file=sys.stderr)
-        return 2
-    labels = _unique_labels(folders, [run_label(f) for f in folders])
-    runs = list(zip(labels, observed))
-
-    try:
-        table = write_comparison(runs, out)
-    except ImportError as e:
-        print(f"error: matplotlib is needed to draw the comparison ({e}); install the project's requirements",
-              file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: --out {out}: cannot write the plot ({e.strerror or e})", file=sys.stderr)
-        return 2
-    print(table)
-    print(f"plot: {out.resolve()}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

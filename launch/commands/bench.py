@@ -15,17 +15,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from launch import bench, doctor, hub, planner
-from launch.recipes import LaunchError
+from launch import bench
+from launch.errors import LaunchError
+from launch.machine import gpu_info, gpu_memory_gib, host_memory_gib
+from launch.memory_plan import default_target, plan_memory
+from launch.options import options_from, run_parser, split_extra
+from launch.resolve import resolve
 
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
 MEASURED_STEPS = 2
 
 
 def main(argv: list[str]) -> int:
-    from launch.__main__ import options_from, run_parser, split_extra
-    from launch.resolve import resolve
-
     own, extra = split_extra(argv)
     if "--max-length" not in own:
         raise LaunchError("usage: python -m launch bench RECIPE --max-length auto [run options] [-- training args]")
@@ -35,16 +36,13 @@ def main(argv: list[str]) -> int:
                           "with --bench -- --max_length L).")
     own = own[:i] + own[i + 2:]
     ns = run_parser("python -m launch bench").parse_args(own)
-    if ns.cpu or doctor.gpu_info()[0] == 0:
+    if ns.cpu or gpu_info()[0] == 0:
         raise LaunchError("bench --max-length auto searches on this machine's GPUs, and it has none: out-of-memory is "
                           "what it looks for. Use `python -m launch plan RECIPE --max-length auto` to plan for a "
                           "target machine instead.")
     setup = resolve(options_from(ns, extra), progress=lambda *_: None)
-    model = hub.read_model_config(setup.training.get("model_name_or_path"))
-    arch = planner.architecture(model, setup.training.get("model_name_or_path"))
-    target = planner.Target(setup.plan.processes_per_machine, setup.plan.num_machines, doctor.gpu_memory_gib(),
-                            doctor.host_memory_gib())
-    plan = planner.make(setup, arch, target, auto=True)
+    target = default_target(setup, gpu_memory_gib(), host_memory_gib())
+    plan = plan_memory(setup, target, auto=True)
     start = plan.longest or plan.multiple
     print(f"[launch] bench: planner's longest length for {target.gpus_per_node} x {target.gpu_memory_gib:.1f} GiB: "
           f"{start:,} (a multiple of {plan.multiple}); trying from there", flush=True)
@@ -72,15 +70,10 @@ def main(argv: list[str]) -> int:
     print(f"\n{'max_length':>12} {'result':<16} {'step (s)':>9} {'reserved GiB':>13} {'predicted GiB':>14}")
     for length, _ok, _detail in tries:
         r = results[length]
-        predicted = planner.make(_with_length(setup, length), arch, target).estimate.gpu_peak_gib
+        predicted = plan.at_length(length).estimate.gpu_peak_gib
         step = f"{r['step_s']:.2f}" if r["step_s"] else "-"
         reserved = f"{r['reserved_gib']:.1f}" if r["reserved_gib"] else "-"
         print(f"{length:>12,} {r['detail'][:16]:<16} {step:>9} {reserved:>13} {predicted:>14.1f}")
     print(f"\nlongest length that trains here: {longest:,} (planner: {start:,}); runs in {root}")
     return 0 if longest else 1
 
-
-def _with_length(setup, length: int):
-    from dataclasses import replace
-
-    return replace(setup, training={**setup.training, "max_length": length})

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from launch.copies import is_marked
-from launch.plan import make_plan
+from launch.expected import read_expected
+from launch.layout import Layout
 from launch.recipes import find_recipe, recipe_names
 
 
@@ -11,20 +12,20 @@ def recipe_rows() -> list[dict]:
     rows = []
     for name in recipe_names():
         recipe = find_recipe(name)
-        plan = make_plan(recipe.accelerate, recipe.config)
-        profiles = recipe.expected_metrics().get("profiles", {})
+        layout = Layout.from_configs(recipe.accelerate, recipe.config)
+        profiles = read_expected(recipe.expected_metrics_path).get("profiles", {})
         rows.append({
             "name": name,
-            "strategy": plan.strategy,
-            "processes": plan.world_size,
+            "strategy": layout.strategy,
+            "processes": layout.world_size,
             "purpose": recipe.description,
-            "cpu_verified": "smoke-cpu" in profiles,
+            "cpu_verified": "steps" in profiles.get("smoke-cpu", {}),
             "train_script": "copy" if is_marked(recipe.train_script) else "fork",
         })
     return rows
 
 
-def print_list() -> int:
+def main(argv: list[str]) -> int:
     rows = recipe_rows()
     print(f"{'recipe':<20} {'strategy':<52} {'procs':>5}  {'CPU':<4} {'train.py':<8} purpose")
     for r in rows:

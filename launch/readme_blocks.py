@@ -1,4 +1,5 @@
-"""Text in the recipe folders that is generated from the code, so that each fact is written once:
+"""The README blocks and train.py copies in the recipe folders that are generated from the code, so that each fact
+is written once:
 
 - `train.py` copies of `templates/train.py` (`launch.copies`);
 - README blocks between `<!-- generated: NAME -->` and `<!-- end generated -->`: `rules-cp` / `rules-sp` (the
@@ -13,15 +14,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from launch import REPO_ROOT, copies
+from launch import REPO_ROOT, copies, hub
+from launch.memory_plan import default_target, plan_memory
+from launch.options import Options
 from launch.recipes import RECIPES_DIR, find_recipe, recipe_dirs
+from launch.resolve import resolve
+from launch.rules import RULES
 
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
 
 
 def rules_table(features: tuple[str, ...]) -> str:
-    from launch.rules import RULES
-
     rows = ["| the configuration must keep | otherwise |", "|---|---|"]
     rows += [f"| {r.doc[0]} | {r.doc[1]} |" for r in RULES if r.doc and r.feature in features]
     return "\n".join(rows) + "\n"
@@ -33,10 +36,7 @@ MODEL_CONFIGS = REPO_ROOT / "docs" / "model_configs"
 def fits_on(folder: Path) -> str:
     """The recipe's GPU defaults planned for their stated hardware (the recipe's process count x an 80 GB GPU), with
     the model's architecture from the repository's copy of its config.json (docs/model_configs)."""
-    from launch import hub, planner
-    from launch.resolve import Options, resolve
-
-    recipe = find_recipe(str(folder))
+    recipe = find_recipe(str(folder))  # the folder's own config: a copied folder renders the same text
     model = str(recipe.config.get("model_name_or_path", ""))
     config_dir = MODEL_CONFIGS / model.replace("/", "--")
     if not (config_dir / "config.json").is_file():
@@ -44,16 +44,16 @@ def fits_on(folder: Path) -> str:
                 "(add it to get one).\n")
     setup = resolve(Options(recipe=str(folder), extra=["--model_name_or_path", str(config_dir)]),
                     progress=lambda *_: None)
-    arch = planner.architecture(hub.read_model_config(str(config_dir)), model)
-    target = planner.Target(setup.plan.processes_per_machine, setup.plan.num_machines)
-    plan = planner.make(setup, arch, target)
-    longest = planner.make(setup, arch, target, auto=True).longest
+    config = hub.read_model_config(str(config_dir))
+    target = default_target(setup)
+    plan = plan_memory(setup, target, model=config)
+    longest = plan_memory(setup, target, auto=True, model=config).longest
     est = plan.estimate
     biggest = max(est.host_terms, key=lambda term: term.gib, default=None)
     host = f"; host memory {est.host_per_node_gib:,.0f} GiB per node" + (
         f" (most of it: {biggest.name})" if biggest is not None and est.host_per_node_gib >= 16 else "")
     verdict = "fits" if plan.fits else "DOES NOT FIT"
-    return (f"**Fits on** ({verdict}; predicted by `python -m launch plan {recipe.name}`, not measured): "
+    return (f"**Fits on** ({verdict}; predicted by `python -m launch plan` for this folder, not measured): "
             f"{target.gpus_per_node} x 80 GB GPUs ({target.gpu_memory_gib:g} GiB each) with "
             f"{est.gpu_peak_gib:.1f} GiB per GPU at max_length {plan.max_length:,} ({est.per_rank_length:,} tokens per "
             f"rank; largest term: {est.largest_gpu_term().name}){host}; the longest max_length that fits: "
@@ -87,7 +87,8 @@ def readme_problems(folders=None) -> list[str]:
         if render(text, folder) != text:
             names = [m.group("name") for m in BLOCK.finditer(text)
                      if render(m.group(0), folder) != m.group(0)]
-            out.append(f"{readme}: generated block(s) {', '.join(names)} differ from the code")
+            out.append(f"{readme}: generated block(s) {', '.join(names)} differ from what the code generates for "
+                       f"this folder; run `python -m launch sync-scripts` to regenerate them")
     return out
 
 

@@ -1,0 +1,54 @@
+"""`python -m launch compare RUN_DIR RUN_DIR... [--out FILE.png]`: per-step loss and grad_norm of several runs, and
+each run's difference from the first, as one PNG (`launch.plots`) and a table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from launch.plots import DEFAULT_OUT, CompareError, read_run, run_label, unique_labels, write_comparison
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m launch compare",
+        description="Plot and tabulate per-step loss and grad_norm of run folders; each run is compared with the "
+                    "first on the steps both logged (max |diff|, mean signed diff).")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="output folders holding trainer_state.json; the "
+                   "first is the reference")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="FILE.png",
+                   help=f"where the PNG goes (default: {DEFAULT_OUT} in the current folder)")
+    ns = p.parse_args(argv)
+    if len(ns.runs) < 2:
+        p.error("give at least two run folders (the first is the reference)")
+
+    out = Path(ns.out)
+    if out.suffix.lower() != ".png":
+        print(f"error: --out {out}: the plot is written as PNG; give a name ending in .png", file=sys.stderr)
+        return 2
+    folders = [Path(r) for r in ns.runs]
+    problems, observed = [], []
+    for folder in folders:
+        try:
+            observed.append(read_run(folder))
+        except CompareError as e:
+            problems.append(str(e))
+    if problems:
+        print(f"error: {'; '.join(problems)}", file=sys.stderr)
+        return 2
+    labels = unique_labels(folders, [run_label(f) for f in folders])
+    runs = list(zip(labels, observed))
+
+    try:
+        table = write_comparison(runs, out)
+    except ImportError as e:
+        print(f"error: matplotlib is needed to draw the comparison ({e}); install the project's requirements",
+              file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: --out {out}: cannot write the plot ({e.strerror or e})", file=sys.stderr)
+        return 2
+    print(table)
+    print(f"plot: {out.resolve()}")
+    return 0
+

@@ -1,0 +1,106 @@
+"""A recipe's expected_metrics.json: its format, reading it (checked before any training) and what a recording
+writes into it.
+
+Per profile (`smoke-cpu`, `smoke-gpu`, ...): the invocation it was recorded with, the environment, the per-step
+loss and grad_norm, and two-sided bounds. Judging follows two upstream models:
+- TRL's invariant tests: per-step loss and grad_norm against reference values, with a maximum absolute
+  difference *and* a mean (signed) drift (`TOLERANCE` below holds TRL's numbers);
+- axolotl's e2e checks: two-sided bounds, i.e. the loss must fall, and the first and last loss must lie in a
+  range (rtol 0.05 around the recorded values).
+The file is written only by `python -m launch record ...` (`launch.judge.record`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from launch.errors import LaunchError
+from launch.stepdiff import METRICS
+
+# TRL tests/invariant: loss max |diff| 1e-3 and mean diff 1e-5; grad_norm 1e-1 and 1e-3 (fp32, seed 42).
+TOLERANCE = {
+    "loss": {"max_abs": 1e-3, "mean": 1e-5},
+    "grad_norm": {"max_abs": 1e-1, "mean": 1e-3},
+}
+BOUNDS_RTOL = 0.05  # axolotl: first and last loss within 5% of the recorded values
+DROP_FRACTION = 0.5  # the loss must fall by at least half of the recorded relative drop
+
+
+def read_expected(path: Path) -> dict:
+    """A recipe's expected_metrics.json ({} when absent), checked before any training: a truncated or hand-broken
+    file is named, with the key, now rather than after the run."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise LaunchError(f"{path} cannot be read ({e}). Restore it from git (`git checkout -- {path}`) or re-record "
+                          "it with `python -m launch record`.") from None
+    except json.JSONDecodeError as e:
+        raise LaunchError(f"{path} is not valid JSON ({e.msg}, line {e.lineno} column {e.colno}). Restore it from git "
+                          f"(`git checkout -- {path}`) or re-record it with `python -m launch record`.") from None
+    problems = expected_problems(data)
+    if problems:
+        raise LaunchError(f"{path} is malformed: " + "; ".join(problems) + ". Restore it from git or re-record it with "
+                          "`python -m launch record`.")
+    return data
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def expected_problems(data) -> list[str]:
+    if not isinstance(data, dict):
+        return ["the top level is not an object"]
+    out = []
+    profiles = data.get("profiles", {})
+    if not isinstance(profiles, dict):
+        return ["`profiles` is not an object"]
+    for name, entry in profiles.items():
+        where = f"profiles.{name}"
+        if not isinstance(entry, dict):
+            out.append(f"`{where}` is not an object")
+            continue
+        if "steps" not in entry and "invocation" not in entry:
+            continue  # a profile entry without recorded steps (e.g. only a loss band for a GPU run)
+        if not isinstance(entry.get("invocation"), dict):
+            out.append(f"`{where}.invocation` is missing or not an object")
+        steps = entry.get("steps")
+        if not isinstance(steps, dict):
+            out.append(f"`{where}.steps` is missing or not an object")
+            continue
+        for metric in METRICS:
+            values = steps.get(metric)
+            if not isinstance(values, list) or not all(isinstance(v, (int, float)) for v in values):
+                out.append(f"`{where}.steps.{metric}` is missing or not a list of numbers")
+            elif not all(_number(v) for v in values):
+                out.append(f"`{where}.steps.{metric}` holds NaN or infinity (a reference must be finite)")
+        bounds = entry.get("bounds")
+        if bounds is not None:
+            if not (isinstance(bounds, dict) and {"first_loss", "last_loss", "min_relative_drop"} <= set(bounds)):
+                out.append(f"`{where}.bounds` lacks first_loss, last_loss or min_relative_drop")
+            elif not (all(isinstance(bounds[k], list) and len(bounds[k]) == 2 and all(map(_number, bounds[k]))
+                          for k in ("first_loss", "last_loss")) and _number(bounds["min_relative_drop"])):
+                out.append(f"`{where}.bounds` holds a value that is not a finite number (or a range that is not "
+                           "[low, high])")
+    tolerance = data.get("tolerance")
+    if tolerance is not None and not all(isinstance(tolerance.get(m), dict) and {"max_abs", "mean"} <= set(tolerance[m])
+                                         for m in METRICS):
+        out.append("`tolerance` needs max_abs and mean for " + " and ".join(METRICS))
+    elif tolerance is not None and not all(_number(tolerance[m][k]) for m in METRICS for k in ("max_abs", "mean")):
+        out.append("`tolerance` holds a value that is not a finite number")
+    return out
+
+
+def bounds_for(losses: list[float]) -> dict:
+    first, last = losses[0], losses[-1]
+    drop = (first - last) / first if first else 0.0
+    return {
+        "first_loss": [round(first * (1 - BOUNDS_RTOL), 6), round(first * (1 + BOUNDS_RTOL), 6)],
+        "last_loss": [round(last * (1 - BOUNDS_RTOL), 6), round(last * (1 + BOUNDS_RTOL), 6)],
+        "min_relative_drop": round(drop * DROP_FRACTION, 6),
+    }

@@ -1,0 +1,223 @@
+"""The layout of a run: strategy, ZeRO stage, mesh, data-parallel size, batch, and what every global sequence
+length must be a multiple of. Built once while resolving a run (`launch.resolve`) from the two configs and the
+overrides; the rules, the plan printout, the memory model and the summary all read this one object.
+
+Modelled on torchtitan's `ParallelDims`: one object holds the mesh, validated by Accelerate's own
+`ParallelismConfig` where the config has one, and answers the derived questions (data-parallel size, the
+sequence-length divisor, the group the model states are sharded over). `ParallelismConfig` validates the sizes
+(each >= 1, CP and SP exclusive, CP/TP not on pure replication); its own `total_size == num_processes` check runs
+only in the ranks and is skipped for DeepSpeed SP, so `launch.rules.processes_fit_layout` keeps that one.
+Nothing here starts a process;
+`python -m launch RECIPE --dry-run` prints it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+from launch.constants import MESH_KEYS
+from launch.errors import LaunchError
+
+# Accelerate's DeepSpeedPlugin default when a deepspeed_config names no zero_stage (accelerate/utils/dataclasses.py).
+ACCELERATE_DEFAULT_ZERO_STAGE = 2
+
+
+def _on(value) -> bool:
+    """A config switch: true/"true"/"cpu"/"nvme" are on; None/false/"none"/"" are off."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "none", "false", "no", "0", "off")
+    return bool(value)
+
+
+@dataclass(frozen=True)
+class Layout:
+    kind: str  # "ddp" | "deepspeed" | "fsdp2" | "fsdp1" | "single": what shards the model states
+    distributed_type: str  # Accelerate's distributed_type as written
+    zero_stage: int | None  # DeepSpeed only; Accelerate's default (2) when the config names none
+    offload_optimizer: bool
+    offload_params: bool
+    num_machines: int
+    world_size: int
+    mesh: dict = field(default_factory=dict)  # dp_replicate, dp_shard, tp, cp, sp
+    per_device_train_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    max_length: int | None = None
+    pad_to_multiple_of: int = 1
+
+    # ---- built from the configs --------------------------------------------------------------------------------
+    @classmethod
+    def from_configs(cls, accelerate: dict, training: dict) -> "Layout":
+        """`accelerate`: the Accelerate config with this run's overrides; `training`: the merged training fields."""
+        dist = str(accelerate.get("distributed_type", "NO"))
+        world = int(accelerate.get("num_processes", 1) or 1)
+        ds = accelerate.get("deepspeed_config") or {}
+        fsdp = accelerate.get("fsdp_config") or {}
+        stage, offload_opt, offload_par = None, False, False
+        if dist == "DEEPSPEED":
+            kind = "deepspeed"
+            stage = int(ds.get("zero_stage", ACCELERATE_DEFAULT_ZERO_STAGE))
+            offload_opt, offload_par = _on(ds.get("offload_optimizer_device")), _on(ds.get("offload_param_device"))
+        elif dist == "FSDP":
+            kind = "fsdp2" if int(fsdp.get("fsdp_version", 1) or 1) == 2 else "fsdp1"
+            offload_opt = offload_par = _on(fsdp.get("fsdp_offload_params", False))  # the step runs on the host copy
+        elif dist in ("MULTI_GPU", "MULTI_CPU"):
+            kind = "ddp"
+        else:
+            kind = "single"
+        max_length = training.get("max_length")
+        return cls(
+            kind=kind,
+            distributed_type=dist,
+            zero_stage=stage,
+            offload_optimizer=offload_opt,
+            offload_params=offload_par,
+            num_machines=int(accelerate.get("num_machines", 1) or 1),
+            world_size=world,
+            mesh=mesh_from(accelerate, world),
+            per_device_train_batch_size=int(training.get("per_device_train_batch_size", 8)),
+            gradient_accumulation_steps=int(training.get("gradient_accumulation_steps", 1) or 1),
+            max_length=int(max_length) if max_length else None,
+            pad_to_multiple_of=int(training.get("pad_to_multiple_of") or 1),
+        )
+
+    def with_length(self, max_length: int) -> "Layout":
+        return replace(self, max_length=int(max_length))
+
+    # ---- the mesh ----------------------------------------------------------------------------------------------
+    @property
+    def cp(self) -> int:
+        return int(self.mesh.get("cp", 1))
+
+    @property
+    def sp(self) -> int:
+        return int(self.mesh.get("sp", 1))
+
+    @property
+    def tp(self) -> int:
+        return int(self.mesh.get("tp", 1))
+
+    @property
+    def mesh_product(self) -> int:
+        return math.prod(int(self.mesh.get(k, 1)) for k in MESH_KEYS)
+
+    @property
+    def processes_per_machine(self) -> int:
+        return self.world_size // max(self.num_machines, 1)
+
+    @property
+    def dp_world_size(self) -> int:
+        """The ranks that see different data: CP, SP and TP ranks share theirs (ParallelismConfig.non_data_parallel_size)."""
+        return max(self.world_size // (self.cp * self.sp * self.tp), 1)
+
+    @property
+    def shard_group(self) -> int:
+        return shard_group(self.kind, self.world_size, self.mesh)
+
+    @property
+    def seq_multiple(self) -> int:
+        """What every global sequence length must be a multiple of: pad_to_multiple_of, 2 x cp under CP (load
+        balancing splits each sequence into 2 x cp chunks), sp under SP."""
+        m = self.pad_to_multiple_of
+        if self.cp > 1:
+            m = math.lcm(m, 2 * self.cp)
+        if self.sp > 1:
+            m = math.lcm(m, self.sp)
+        return m
+
+    # ---- batch and tokens --------------------------------------------------------------------------------------
+    @property
+    def effective_batch(self) -> int:
+        return self.per_device_train_batch_size * self.dp_world_size * self.gradient_accumulation_steps
+
+    @property
+    def per_rank_seq_len(self) -> float | None:
+        return self.max_length / (self.cp * self.sp) if self.max_length else None
+
+    @property
+    def tokens_per_step(self) -> int | None:
+        return self.effective_batch * self.max_length if self.max_length else None
+
+    # ---- how it reads ------------------------------------------------------------------------------------------
+    @property
+    def strategy(self) -> str:
+        if self.kind == "deepspeed":
+            name = f"DeepSpeed ZeRO-{self.zero_stage}" + (" + CPU offload" if self.offload_optimizer or self.offload_params else "")
+        elif self.kind in ("fsdp1", "fsdp2"):
+            name = self.kind.upper()
+        elif self.kind == "ddp":
+            name = "DDP"
+        else:
+            name = self.distributed_type
+        if self.cp > 1:
+            name += f" + ring-attention CP (cp={self.cp})"
+        if self.sp > 1:
+            name += f" + Ulysses SP (sp={self.sp})"
+        return name
+
+    def as_dict(self) -> dict:
+        derived = ("strategy", "dp_world_size", "shard_group", "seq_multiple", "effective_batch", "per_rank_seq_len",
+                   "tokens_per_step")
+        return {**asdict(self), **{name: getattr(self, name) for name in derived}}
+
+    def describe(self) -> str:
+        mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
+        lines = [
+            f"strategy                 {self.strategy}",
+            f"world size               {self.world_size} process(es) on {self.num_machines} machine(s)",
+            f"mesh                     {mesh}",
+            f"data-parallel size       {self.dp_world_size}",
+            f"per-device batch         {self.per_device_train_batch_size}",
+            f"gradient accumulation    {self.gradient_accumulation_steps}",
+            f"effective global batch   {self.effective_batch} sequences per optimizer step",
+        ]
+        if self.max_length:
+            lines.append(f"sequence length          {self.max_length} tokens (global)")
+            lines.append(f"length multiple          {self.seq_multiple} (every global length must be one)")
+            lines.append(f"per-rank sequence length {self.per_rank_seq_len:g} tokens")
+            lines.append(f"tokens per step          at most {self.tokens_per_step} (effective batch x sequence length)")
+        return "\n".join(lines)
+
+
+def shard_group(kind: str, world_size: int, mesh: dict) -> int:
+    """Ranks one copy of the model states is split over: ZeRO partitions over all ranks but TP (DeepSpeed's
+    seq_data_parallel_group, i.e. dp x sp); FSDP2 over the dp_shard x cp mesh; DDP over none."""
+    if kind == "deepspeed":
+        return max(world_size // max(int(mesh.get("tp", 1) or 1), 1), 1)
+    if kind == "fsdp2":
+        return max(int(mesh.get("dp_shard", 1) or 1) * int(mesh.get("cp", 1) or 1), 1)
+    return 1
+
+
+def mesh_from(accelerate: dict, world_size: int) -> dict:
+    """The mesh sizes, validated by Accelerate's ParallelismConfig when the config has a parallelism_config."""
+    pc = parallelism(accelerate)
+    if pc is None:
+        # Without a parallelism config every process is a data-parallel rank (replicas for DDP and ZeRO).
+        mesh = {name: 1 for name in MESH_KEYS}
+        mesh["dp_shard" if accelerate.get("distributed_type") == "FSDP" else "dp_replicate"] = world_size
+        return mesh
+    return {name: getattr(pc, f"{name}_size") for name in MESH_KEYS}
+
+
+def parallelism(accelerate: dict):
+    """Accelerate's ParallelismConfig for this config's `parallelism_config` (None when it has none); its own
+    validation errors become LaunchErrors."""
+    pc = accelerate.get("parallelism_config") or {}
+    if not pc:
+        return None
+    from accelerate.parallelism_config import ParallelismConfig
+
+    sizes = {f"{dim}_size": _int(pc.get(key, 1), key) for dim, key in MESH_KEYS.items()}
+    try:
+        return ParallelismConfig(**sizes, cp_backend=pc.get("parallelism_config_cp_backend") or "torch",
+                                 sp_backend=pc.get("parallelism_config_sp_backend") or "deepspeed")
+    except ValueError as e:
+        raise LaunchError(f"The parallel layout is invalid (Accelerate's ParallelismConfig: {e}).") from None
+
+
+def _int(value, key) -> int:
+    try:
+        return int(value if value is not None else 1)
+    except (TypeError, ValueError):
+        raise LaunchError(f"`{key}` is {value!r}; expected an integer.") from None

@@ -1,0 +1,34 @@
+"""The memory model behind `python -m launch plan`: per-GPU and per-host memory of a run, term by term.
+
+Pure Python, no I/O, nothing heavy imported (the re-measuring helpers of its CPU constants live in
+tests/helpers/memory_measure.py). Every term is a small function of (architecture, run shape) whose docstring
+says what it counts and from which upstream code (read against torch 2.13, transformers 5.23, accelerate 1.15,
+deepspeed 0.19.8, trl 1.16). Sizes are bytes inside the functions and GiB (2**30 bytes) in the `Term`s.
+
+How a peak is assembled
+-----------------------
+A training step goes through phases that never overlap in time, so the peak is the largest phase, not the sum:
+
+- the *loss* phase (end of the forward, start of the backward): model states, communication buffers, gathered
+  parameters, checkpointed activations kept on the GPU, and the loss working set (logits or fused-loss buffers);
+- the *layer* phase (backward through the decoder): the same static terms and checkpoints, plus the working set of
+  ONE layer's recomputation and backward (every tensor that layer saves for its backward, plus the gradients and
+  kernel workspaces alive at the worst moment of its backward);
+- the *optimizer step*: model states plus the step's temporaries (activations are gone by then).
+
+The terms of the phase that gives the peak are summed (`Term.counted`); the other phase's term is listed for
+information. On top of the allocated peak, one global overhead model (see `OVERHEAD`): CUDA context, NCCL buffers
+and the caching allocator's reserve.
+
+Calibration (tests/test_memory.py) uses published measurements only, each with its source beside it.
+"""
+
+from launch.memory.architecture import Architecture
+from launch.memory.constants import H100_80GB_GIB
+from launch.memory.estimate import estimate, fits, longest_length
+from launch.memory.report import format_table
+from launch.memory.results import Estimate, Term
+from launch.memory.run_shape import RunShape
+
+__all__ = ["Architecture", "Estimate", "H100_80GB_GIB", "RunShape", "Term", "estimate", "fits", "format_table",
+           "longest_length"]

@@ -1,0 +1,60 @@
+"""The memory model's units and stated constants: the global overhead model, the CPU-mode baselines, the
+capacities and kernel tile shapes the terms use. Each constant says where its value comes from."""
+
+from __future__ import annotations
+
+import math
+
+GIB = 2**30
+F32 = 4  # bytes of an fp32 element
+
+# ---- the one global overhead model (device memory outside PyTorch's allocated bytes) -------------------------------
+# CUDA_CONTEXT_GIB: the CUDA context, cuBLAS/cuBLASLt workspaces and kernel images that every CUDA process holds and
+#   that `torch.cuda.max_memory_allocated` does not count (typical nvidia-smi reading of an idle torch process on an
+#   H100 with lazy module loading: 0.4-0.6 GiB). A stated model parameter, not fitted.
+# NCCL_GIB: NCCL's communicator buffers (cudaMalloc'ed by NCCL itself, so also outside PyTorch's accounting) in a
+#   distributed run: NCCL_BUFFSIZE 4 MiB x channels x peers for the ring/tree protocols of one node. Stated, not fitted.
+# ALLOCATOR_RESERVE: the caching allocator's reserved-but-unallocated bytes at the peak (fragmentation), as a
+#   fraction of the allocated peak. 2%: bounded above by the calibration data itself -- the Ulysses blog's 1-GPU
+#   run peaked at 76.4 GiB allocated and ran on an H100 whose total capacity is 79.1 GiB, so its reserve was at most
+#   (79.1 - 0.5 - 76.4) / 76.4 = 2.9%. One global constant for every run (expandable_segments lowers it further).
+OVERHEAD = {"cuda_context_gib": 0.5, "nccl_gib": 0.5, "allocator_reserve": 0.02}
+
+# CPU mode: the resident set of a process before any model exists (python + torch + transformers + accelerate +
+# deepspeed + trl with SFTTrainer imported). MEASURED on this repository's CPU environment (torch 2.13 CPU,
+# transformers 5.23, accelerate 1.15, deepspeed 0.19.8, trl 1.16, Python 3.11): VmRSS after the imports = 0.44 GiB
+# (`measure_cpu_runtime_baseline_gib()` re-measures it; tests/test_memory.py runs it when MEMORY_MEASURE=1).
+CPU_RUNTIME_BASELINE_GIB = 0.44
+# CPU mode with DeepSpeed: what a ZeRO engine adds to a process beyond its model states (communication groups, the
+# optimizer wrapper, thread pools). MEASURED with a bare engine (one gloo process, a 0.5M-parameter model, ZeRO-2 and
+# ZeRO-3, default 5e8-element buckets): VmRSS after `deepspeed.initialize` and two steps minus before it =
+# 0.14-0.16 GiB (`measure_cpu_deepspeed_engine_gib()`). Note: the untouched pages of the 5e8-element bucket add
+# nothing to the RSS (a 2 GB `torch.empty` is virtual until written).
+CPU_DEEPSPEED_ENGINE_GIB = 0.15
+
+# Usable capacity of the GPUs the calibration ran on, as PyTorch reports it ("GPU 0 has a total capacity of 79.1x GiB"
+# in an out-of-memory message on an H100 80GB HBM3). Callers pass their own budget; this is a convenience.
+H100_80GB_GIB = 79.1
+
+# TRL 1.16 `trl/kernels/chunked_logprob.py` and `trl/trainer/utils.py`: the fused LM head's tile shape
+TRL_TOKEN_CHUNK = 4096  # TOKEN_CHUNK_SIZE
+TRL_VOCAB_CHUNK = 32768  # _CHUNKED_LOGPROB_CHUNK_SIZE
+
+# Liger kernels index [tokens, hidden] tensors with 32-bit offsets: Liger-Kernel issue #803 (ALST's author: RMSNorm
+# crashes with "illegal memory access" once tokens x hidden reaches 2**31; ArcticTraining's run-h100-sp1-llama-8b.yml
+# notes the crash at max_length 555000). A kernel limit, not a memory limit; `longest_length` honours it by default.
+INT32_ELEMENTS = 2**31
+
+LOSSES = ("fused_chunked", "full_logits", "liger_flce")
+ATTENTIONS = ("flash_attention_2", "flash_attention_3", "sdpa", "eager")
+STRATEGIES = ("ddp", "deepspeed", "fsdp2")
+
+
+def gib(nbytes: float) -> float:
+    return nbytes / GIB
+
+
+def pow2(n: float) -> int:
+    """Next power of two >= n (PyTorch's pinned host allocator rounds every block this way)."""
+    n = int(math.ceil(n))
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()

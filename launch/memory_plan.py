@@ -1,0 +1,113 @@
+"""A resolved run's memory plan for a target machine: the one place that assembles the memory model's inputs
+(the model's config.json -> its `Architecture`; the run's `Layout`, configs and checkpointing -> its `RunShape`;
+the target's GPUs and host memory) and its answer.
+
+Used by the run's preflight and `--dry-run` (`launch.runner`), `python -m launch plan` and `bench`
+(`launch.commands`), the README "fits on" lines (`launch.readme_blocks`) and the bench summary. Reads only the
+model's config.json (`launch.hub`: a local folder, the hub cache, or the hub when reachable), never weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from launch import hub, memory
+from launch.errors import LaunchError
+
+# What an "80 GB" H100 or A100 reports (torch.cuda.get_device_properties(0).total_memory, in GiB): the default target.
+GPU_MEMORY_GIB = memory.H100_80GB_GIB
+
+
+@dataclass
+class Target:
+    gpus_per_node: int
+    nodes: int = 1
+    gpu_memory_gib: float = GPU_MEMORY_GIB
+    host_memory_gib: float | None = None  # per node; None: host checks are reported, not judged
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+def default_target(setup, gpu_memory_gib: float = GPU_MEMORY_GIB, host_memory_gib: float | None = None) -> Target:
+    """The run's own machines: its processes per machine, its machine count."""
+    return Target(setup.layout.processes_per_machine, setup.layout.num_machines, gpu_memory_gib, host_memory_gib)
+
+
+def architecture(model: hub.ModelConfig) -> memory.Architecture:
+    if model.config is None:
+        raise LaunchError(f"The planner needs the model's config.json and could not read it: {model.problem}.")
+    return memory.Architecture.from_config(model.config)
+
+
+def run_shape(setup) -> memory.RunShape:
+    """The memory model's view of a resolved run: its layout, configs and checkpointing, each resolved once."""
+    return memory.RunShape.from_layout(setup.layout, setup.accelerate, setup.training, setup.checkpointing,
+                                       device="cpu" if setup.options.cpu else "gpu")
+
+
+@dataclass
+class MemoryPlan:
+    estimate: memory.Estimate
+    arch: memory.Architecture
+    run: memory.RunShape
+    target: Target
+    max_length: int
+    longest: int | None  # with auto: the longest global length that fits
+    multiple: int
+
+    @property
+    def fits(self) -> bool:
+        return memory.fits(self.estimate, self.target.gpu_memory_gib, self.target.host_memory_gib)
+
+    def at_length(self, length: int) -> "MemoryPlan":
+        run = replace(self.run, max_length=int(length))
+        return replace(self, estimate=memory.estimate(self.arch, run), run=run, max_length=run.max_length, longest=None)
+
+    def as_json(self) -> dict:
+        est = self.estimate
+        return {
+            "fits": self.fits,
+            "gpu_peak_gib": round(est.gpu_peak_gib, 3),
+            "gpu_allocated_peak_gib": round(est.allocated_peak_gib, 3),
+            "host_peak_gib": round(est.host_per_node_gib, 3),
+            "host_per_process_gib": round(est.host_per_process_gib, 3),
+            "max_length": self.longest if self.longest is not None else self.max_length,
+            "per_rank_length": est.per_rank_length,
+            "length_multiple": self.multiple,
+            "breakdown": {t.name: round(t.gib, 3) for t in est.gpu_terms if t.counted},
+            "host_breakdown": {t.name: round(t.gib, 3) for t in est.host_terms},
+            "target": {"gpus_per_node": self.target.gpus_per_node, "nodes": self.target.nodes,
+                       "gpu_memory_gib": self.target.gpu_memory_gib, "host_memory_gib": self.target.host_memory_gib},
+            "largest_term": est.largest_gpu_term().name,
+            "advice": est.advice(),
+            "notes": est.notes,
+        }
+
+
+def plan_memory(setup, target: Target, auto: bool = False, model: hub.ModelConfig | None = None) -> MemoryPlan:
+    """The memory plan of a resolved run on `target`; with `auto`, at the longest global length that fits (a
+    multiple of the layout's `seq_multiple`). `model`: its config.json when the caller has read it already.
+    Raises LaunchError when the model's config.json cannot be read."""
+    model = model if model is not None else hub.read_model_config(setup.training.get("model_name_or_path"))
+    arch = architecture(model)
+    run = run_shape(setup)
+    multiple = setup.layout.seq_multiple
+    longest = None
+    if auto:
+        longest = memory.longest_length(arch, run, target.gpu_memory_gib, target.host_memory_gib, multiple)
+        run = replace(run, max_length=longest or multiple)
+    return MemoryPlan(memory.estimate(arch, run), arch, run, target, run.max_length, longest, multiple)
+
+
+def describe(plan: MemoryPlan) -> str:
+    t = plan.target
+    lines = [f"Target: {t.nodes} node(s) x {t.gpus_per_node} GPU(s) of {t.gpu_memory_gib:g} GiB, host memory "
+             + (f"{t.host_memory_gib:g} GiB per node" if t.host_memory_gib is not None else "unknown (not judged)")]
+    if plan.longest is not None:
+        lines.append(f"Longest global max_length that fits: {plan.longest:,} tokens (a multiple of {plan.multiple}); "
+                     "the table is for that length.")
+    lines.append(memory.format_table(plan.estimate, t.gpu_memory_gib, t.host_memory_gib))
+    lines.append("Predicted by the memory model (launch/memory/), not measured; `--bench` on a run measures it.")
+    return "\n".join(lines)
