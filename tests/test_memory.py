@@ -101,8 +101,9 @@ def alst_run(length: int = 500_000) -> RunShape:
 
 
 def calibration_rows() -> list[dict]:
-    """Every published case as a row: setup, published, predicted, relative error, bound, source. `bound=None`
-    rows are shown for information and not asserted (the reason is in `note`)."""
+    """Every published case as a row: setup, published, predicted, relative error, bound, source. The bound is a
+    relative error (two-sided), "must not fit", or one-sided where the published figure bounds the prediction from
+    one side only ("below by > 15%", "at least"); the reason is in `note`."""
     rows = []
     q4 = ARCH["Qwen/Qwen3-4B"]
     # Published peak memory, in the blog's "GB", read as GiB (torch.cuda.max_memory_allocated / 2**30): see
@@ -119,8 +120,9 @@ def calibration_rows() -> list[dict]:
                      fits=fits(est, H100), bound="must not fit", source=BLOG))
     est = estimate(q4, blog_run(1, 8192, offload_optimizer=True))
     rows.append(dict(case="Ulysses blog as stated (optimizer offloaded): SP=1 at 8K", metric="peak allocated GiB",
-                     published=76.4, predicted=est.allocated_peak_gib, bound=None, source=BLOG,
-                     note="not a calibration row: with the optimizer on the host the model states cannot reach 76 GiB"))
+                     published=76.4, predicted=est.allocated_peak_gib, bound="below by > 15%", source=BLOG,
+                     note="not a calibration row: with the optimizer on the host the model states cannot reach 76 GiB, "
+                          "so the text's setup must predict clearly less than the published peak"))
     est = estimate(ARCH["Qwen/Qwen3-8B"], pr6846_run())
     rows.append(dict(case="TRL PR #6846: Qwen3-8B FSDP2 ring CP=8, 1M tokens, checkpoint offload",
                      metric="peak allocated GiB", published=56.2, predicted=est.allocated_peak_gib, bound=0.15,
@@ -134,9 +136,10 @@ def calibration_rows() -> list[dict]:
                      metric="longest max_length", published=500_000, predicted=with_limits, bound=0.25, source=ALST,
                      note="memory and Liger's int32 limit (tokens x hidden < 2**31, Liger-Kernel #803)"))
     rows.append(dict(case="ALST, memory limit alone", metric="longest max_length", published=500_000,
-                     predicted=memory_only, bound=None, source=ALST,
-                     note="not asserted: the published 500K sits under the int32 limit of the Liger kernels "
-                          "(524,288 tokens; the config records the crash at 555,000), so it does not bound memory"))
+                     predicted=memory_only, bound="at least", source=ALST,
+                     note="one-sided: the published 500K sits under the int32 limit of the Liger kernels "
+                          "(524,288 tokens; the config records the crash at 555,000), so it bounds the memory limit "
+                          "from below only: memory must allow at least the published length"))
     for row in rows:
         if isinstance(row["predicted"], (int, float)) and isinstance(row["published"], (int, float)):
             row["error"] = row["predicted"] / row["published"] - 1
@@ -151,7 +154,7 @@ def calibration_table(rows: list[dict]) -> str:
         pub = r["published"]
         pub = f"{pub:,}" if isinstance(pub, (int, float)) else str(pub)
         err = f"{r['error']:+.1%}" if "error" in r else ("fits" if r.get("fits") else "no fit")
-        bound = r["bound"] if isinstance(r["bound"], str) else ("info" if r["bound"] is None else f"{r['bound']:.0%}")
+        bound = r["bound"] if isinstance(r["bound"], str) else f"{r['bound']:.0%}"
         lines.append(f"{r['case']:<82} {r['metric']:<22} {pub:>10} {pred:>18} {err:>8} {bound:>13}")
         lines.append(f"    source: {r['source']}" + (f"; {r['note']}" if r.get("note") else ""))
     return "\n".join(lines)
@@ -165,6 +168,10 @@ def test_calibration_against_published_measurements():
             assert abs(r["error"]) <= r["bound"], r
         elif r["bound"] == "must not fit":
             assert r["fits"] is False, r
+        elif r["bound"] == "below by > 15%":
+            assert r["error"] < -0.15, r
+        else:
+            assert r["bound"] == "at least" and r["predicted"] >= r["published"], r
 
 
 def test_blog_figures_need_the_optimizer_on_the_gpu():
@@ -550,8 +557,13 @@ def recipe_run(name: str) -> tuple[Architecture, RunShape]:
     return ARCH[r["training"]["model_name_or_path"]], run
 
 
-def test_there_are_ten_recipes():
-    assert len(RECIPES) == 10
+SHIPPED = ["alst-ulysses-4gpu", "alst-ulysses-8gpu", "ddp", "ring-cp-2gpu", "ring-cp-4gpu", "ring-cp-8gpu", "zero1",
+           "zero2", "zero3", "zero3-offload"]
+
+
+def test_the_shipped_recipes_are_all_read():
+    """The ten recipes we ship are found (a user's own copy beside them is read too, and must not fail this)."""
+    assert set(SHIPPED) <= set(RECIPES)
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -567,7 +579,9 @@ def test_from_configs_on_every_recipe(name):
                 "zero3": ("deepspeed", 3), "zero3-offload": ("deepspeed", 3)}
     if name in expected:
         assert (run.strategy, run.zero_stage) == expected[name]
-    assert run.offload_optimizer == run.offload_params == (name == "zero3-offload") or name == "alst-ulysses-8gpu"
+    # zero3-offload offloads both; alst-ulysses-8gpu only the optimizer (ZeRO-3 + optimizer offload); the rest none
+    expected = {"zero3-offload": (True, True), "alst-ulysses-8gpu": (True, False)}.get(name, (False, False))
+    assert (run.offload_optimizer, run.offload_params) == expected
     est = estimate(arch, run)
     assert est.gpu_peak_gib > 0 and est.per_rank_length == math.ceil(run.max_length / (run.cp * run.sp))
 
@@ -612,8 +626,10 @@ def test_from_configs_defaults_and_offload_switches():
 
 
 def test_recipes_on_80gb():
-    """Every recipe's own setup on H100 80GB: predicted peak at its max_length and the longest length that fits
-    (printed; `pytest -s`). Asserts only what the model must get right for the short-context recipes."""
+    """Every recipe's own setup on the GPUs its README names (H100 80GB): its GPU defaults are predicted to fit at
+    their max_length, and the longest length that fits is at least that (printed; `pytest -s`). The long-context
+    recipes ring-cp-2gpu/4gpu were given the longest length that leaves 10% of the memory spare, so their peak must
+    sit between 80% and 90% of it."""
     lines = []
     for name in RECIPES:
         arch, run = recipe_run(name)
@@ -624,6 +640,7 @@ def test_recipes_on_80gb():
         lines.append(f"{name:<20} max_length {run.max_length:>9,}  peak {est.gpu_peak_gib:6.1f} GiB  "
                      f"{'fits' if fits(est, H100) else 'DOES NOT FIT'}  longest {longest:>10,}  "
                      f"host/node {est.host_per_node_gib:7.1f} GiB  largest: {est.largest_gpu_term().name}")
-        if name in ("ddp", "zero1", "zero2", "zero3", "zero3-offload", "alst-ulysses-4gpu"):
-            assert fits(est, H100), name
+        assert fits(est, H100) and longest >= run.max_length, lines[-1]
+        if name in ("ring-cp-2gpu", "ring-cp-4gpu"):  # README: the longest that fits with 10% of the memory spare
+            assert 0.8 * H100 <= est.gpu_peak_gib <= 0.9 * H100, lines[-1]
     print("\n" + "\n".join(lines))

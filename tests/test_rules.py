@@ -2,55 +2,20 @@
 
 from __future__ import annotations
 
-import shutil
 import time
-from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from helpers.launcher import TESTED_RULES, explain, launch_cli, launch_in_process, shows
+from helpers.rule_checks import PINNED, facts, make_recipe, messages
 from launch import hub, rules
-from launch.doctor import read_pins
 from launch.errors import LaunchError
 from launch.memory_plan import Target, plan_memory
 from launch.readme_blocks import MODEL_CONFIGS
-from launch.recipes import RECIPES_DIR, find_recipe
+from launch.recipes import find_recipe
 from launch.options import Options
 from launch.resolve import resolve
-
-PINNED = {name: read_pins()[name] for name in ("torch", "transformers", "accelerate", "deepspeed", "trl", "datasets")}
-
-
-def make_recipe(tmp_path, base="zero3", config=None, accelerate=None, name="my-recipe"):
-    """A copy of a real recipe folder, with config.yaml keys and/or its Accelerate config changed."""
-    folder = tmp_path / name
-    shutil.copytree(RECIPES_DIR / base, folder)
-    cfg = yaml.safe_load((folder / "config.yaml").read_text())
-    if accelerate is not None:
-        acc = yaml.safe_load(find_recipe(base).accelerate_config_path.read_text())
-        acc.update(accelerate)
-        (folder / "accelerate.yaml").write_text(yaml.safe_dump(acc))
-        cfg["accelerate_config"] = "accelerate.yaml"
-    for key, value in (config or {}).items():
-        if value is None:
-            cfg.pop(key, None)
-        else:
-            cfg[key] = value
-    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
-    return folder
-
-
-def facts(model_config: dict | None = None, **kw) -> rules.Facts:
-    """This machine as the tests see it: 8 GPUs, the pinned versions, the model's config as given (attributes read
-    like a transformers config), model and dataset found."""
-    model = hub.ModelConfig(SimpleNamespace(**model_config) if model_config is not None else None, "not given")
-    return rules.Facts(**{"versions": dict(PINNED), "gpu_count": 8, "model": model, **kw})
-
-
-def messages(setup, f=None) -> list[str]:
-    return rules.check(setup, f or facts()).all
-
 
 def test_real_recipes_pass_every_rule_on_a_machine_with_8_gpus():
     for name in ("ddp", "zero1", "zero2", "zero3"):

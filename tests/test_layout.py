@@ -1,0 +1,46 @@
+"""The one layout object (launch/layout.py): built once while resolving a run; the rules, the plan printout and the
+memory model read the same values from it."""
+
+from __future__ import annotations
+
+import yaml
+
+from helpers.launcher import launch_in_process
+from launch import rules
+from launch.layout import ACCELERATE_DEFAULT_ZERO_STAGE, Layout
+from launch.memory_plan import run_shape
+from launch.options import Options
+from launch.recipes import find_recipe
+from launch.resolve import resolve
+
+QWEN2_05B = {"num_attention_heads": 14, "num_key_value_heads": 2}  # the alst-ulysses-4gpu GPU default (its heads)
+from helpers.rule_checks import facts, make_recipe, messages
+
+
+def test_a_deepspeed_config_without_zero_stage_is_accelerates_default_everywhere(tmp_path):
+    """The latent bug of issue 18: without `zero_stage` the plan said ZeRO-0 (and SP was refused as "stage 0
+    crashes") while the run and the memory model used Accelerate's default, stage 2."""
+    acc = yaml.safe_load(find_recipe("alst-ulysses-4gpu").accelerate_config_path.read_text())
+    del acc["deepspeed_config"]["zero_stage"]
+    folder = make_recipe(tmp_path, base="alst-ulysses-4gpu", accelerate=acc)
+    setup = resolve(Options(recipe=str(folder), smoke=True, cpu=True))
+    assert ACCELERATE_DEFAULT_ZERO_STAGE == 2
+    assert setup.layout.zero_stage == 2 and setup.layout.strategy.startswith("DeepSpeed ZeRO-2 ")
+    assert run_shape(setup).zero_stage == 2  # the memory model
+    assert rules.sp_zero_stage(setup, facts(model_config=QWEN2_05B)) is None  # the rule
+    assert messages(setup, facts(model_config=QWEN2_05B)) == []
+    proc = launch_in_process(folder, "--smoke", "--cpu", "--dry-run")  # the plan printout
+    assert "strategy                 DeepSpeed ZeRO-2 + Ulysses SP (sp=2)" in proc.stdout
+
+
+def test_the_layout_answers_the_derived_questions():
+    ring = resolve(Options(recipe="ring-cp-8gpu")).layout
+    assert (ring.kind, ring.cp, ring.dp_world_size, ring.shard_group) == ("fsdp2", 8, 1, 8)
+    assert ring.seq_multiple == 16 and ring.max_length % ring.seq_multiple == 0  # 2 x cp (load balancing)
+    assert ring.per_rank_seq_len == ring.max_length / 8
+    alst = resolve(Options(recipe="alst-ulysses-4gpu")).layout
+    assert (alst.kind, alst.zero_stage, alst.sp, alst.dp_world_size, alst.shard_group) == ("deepspeed", 3, 2, 2, 4)
+    assert alst.seq_multiple % 2 == 0
+    ddp = Layout.from_configs({"distributed_type": "MULTI_GPU", "num_processes": 4}, {"max_length": 100})
+    assert (ddp.mesh["dp_replicate"], ddp.dp_world_size, ddp.shard_group, ddp.seq_multiple) == (4, 4, 1, 1)
+    assert ddp.effective_batch == 8 * 4  # TrainingArguments' per-device default 8
