@@ -6,6 +6,11 @@ trainer_state.json is one whose run died while saving it, and it is never picked
 later (a full disk, a copy interrupted): `problems()` reads each weight file's own framing, cheaply (the header of
 a safetensors file, the central directory of a torch.save zip), so a truncated file is refused before the ranks
 start, and the failure summary never advises such a checkpoint.
+
+A checkpoint must also belong to a run like the one resuming it (`resume_problems`): each run records its identity
+(recipe, model, strategy, ZeRO stage, mesh, world size) in its output folder's manifest, and a checkpoint saved by
+another strategy, mesh, model or recipe is refused: DDP does not read a ZeRO checkpoint's optimizer state, and the
+mixed run would diverge and write over the other run's results.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 from launch.errors import LaunchError
+from launch.outdir import read_manifest
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -99,3 +105,46 @@ def resolve_resume(output_dir: Path, resume: str) -> Path:
             + ". Checkpoints are saved every --save-steps steps (or per the recipe's save_strategy/save_steps)."
         )
     return found
+
+
+def identity(setup) -> dict:
+    """What a checkpoint must share with the run that resumes it (recorded in the output folder's manifest)."""
+    layout = setup.layout
+    return {"recipe": setup.recipe.name, "model": str(setup.training.get("model_name_or_path")),
+            "strategy": layout.kind, "zero_stage": layout.zero_stage, "mesh": dict(layout.mesh),
+            "world_size": layout.world_size}
+
+
+def saved_format(folder: Path) -> dict:
+    """What a checkpoint's files say about the run that saved it, for checkpoints without a recorded identity (saved
+    by plain `accelerate launch`): its strategy and, from the Trainer's per-process RNG files, its world size."""
+    if any(p.is_dir() and p.name.startswith("global_step") for p in folder.iterdir()):
+        kind = "deepspeed"
+    elif any(p.name.startswith(("pytorch_model_fsdp", "optimizer_0")) for p in folder.iterdir()):
+        kind = "fsdp2"
+    elif (folder / "optimizer.pt").is_file():
+        kind = "ddp"
+    else:
+        kind = None
+    rng = [p for p in folder.glob("rng_state_*.pth")]
+    world = len(rng) if rng else (1 if (folder / "rng_state.pth").is_file() else None)
+    return {"strategy": kind, "world_size": world}
+
+
+def resume_problems(checkpoint: Path, run: dict) -> list[str]:
+    """How `checkpoint` differs from the run that wants to resume it (`run`: `identity(setup)`); empty when it may."""
+    manifest = read_manifest(checkpoint.parent) or {}
+    saved = manifest.get("run")
+    source = f"recorded in {checkpoint.parent / '.launch' / 'manifest.json'}"
+    if not isinstance(saved, dict):
+        saved, source = saved_format(checkpoint), "read from its files"
+    keys = ["recipe", "model", "strategy", "zero_stage", "mesh"]
+    # DeepSpeed partitions the optimizer state per data-parallel rank (and FSDP2's sharded state per mesh), so the
+    # world size must match; a DDP checkpoint holds the whole state and resumes on any world size.
+    if run["strategy"] in ("deepspeed", "fsdp2", "fsdp1") or saved.get("strategy") in ("deepspeed", "fsdp2", "fsdp1"):
+        keys.append("world_size")
+    differences = [f"{key} {saved[key]!r} (this run: {run[key]!r})" for key in keys
+                   if saved.get(key) is not None and key in run and saved[key] != run[key]]
+    if not differences:
+        return []
+    return [f"the checkpoint {checkpoint} was saved by another kind of run ({source}): " + "; ".join(differences)]

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from launch.envvars import optional_int
+from launch.errors import LaunchError
 
 MESH_OPTIONS = ("dp_replicate", "dp_shard", "cp", "sp")  # the mesh dimensions a run may override (`--X-size`)
 
@@ -42,8 +43,17 @@ class Options:
     machine_rank: int | None = None
     main_process_ip: str | None = None
     main_process_port: int | None = None
+    main_process_port_source: str = "--main-process-port"  # or "MASTER_PORT" when the environment gave it
     hang_timeout: float | None = None  # seconds; None: the profile's default; math.inf: the watchdog is off
     rendezvous_timeout: float = 300.0
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is a LaunchError: one paragraph naming the option and value, exit status 2, and
+    the same path as every other refusal (also when the launcher runs in-process)."""
+
+    def error(self, message):
+        raise LaunchError(f"{message}. See `{self.prog} --help`.")
 
 
 def hang_timeout(value: str) -> float:
@@ -62,7 +72,7 @@ def hang_timeout(value: str) -> float:
 
 
 def run_parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Validate, plan, run and judge a recipe.")
+    p = Parser(prog=prog, description="Validate, plan, run and judge a recipe.")
     p.add_argument("recipe", help="a folder name under recipes/ (see `python -m launch list`) or a path")
     p.add_argument("--smoke", action="store_true", help="tiny offline model and data, few steps, judged against expected metrics")
     p.add_argument("--cpu", action="store_true", help="run the processes on CPU over gloo, in fp32")
@@ -90,7 +100,7 @@ def run_parser(prog: str) -> argparse.ArgumentParser:
     m.add_argument("--num-machines", type=int, default=optional_int("SLURM_NNODES"))
     m.add_argument("--machine-rank", type=int, default=optional_int("SLURM_NODEID"))
     m.add_argument("--main-process-ip", default=os.environ.get("MASTER_ADDR"))
-    m.add_argument("--main-process-port", type=int, default=optional_int("MASTER_PORT"))
+    m.add_argument("--main-process-port", type=int)
     m.add_argument("--rendezvous-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="machine ranks > 0: how long to wait for machine rank 0 before giving up (300)")
     return p
@@ -109,10 +119,13 @@ def mesh_overrides(ns) -> dict:
 
 
 def options_from(ns, extra) -> Options:
+    port, port_source = ns.main_process_port, "--main-process-port"
+    if port is None and (port := optional_int("MASTER_PORT")) is not None:
+        port_source = "the environment variable MASTER_PORT"
     return Options(recipe=ns.recipe, smoke=ns.smoke, cpu=ns.cpu, num_processes=ns.num_processes, mesh=mesh_overrides(ns),
                    output_dir=ns.output_dir, max_steps=ns.max_steps, save_steps=ns.save_steps, resume=ns.resume,
                    overwrite=ns.overwrite, force=ns.force, bench=ns.bench, bench_steps=ns.bench_steps,
                    bench_warmup=ns.bench_warmup, extra=extra, num_machines=ns.num_machines,
                    machine_rank=ns.machine_rank, main_process_ip=ns.main_process_ip,
-                   main_process_port=ns.main_process_port, hang_timeout=ns.hang_timeout,
+                   main_process_port=port, main_process_port_source=port_source, hang_timeout=ns.hang_timeout,
                    rendezvous_timeout=ns.rendezvous_timeout)

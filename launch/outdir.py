@@ -50,7 +50,8 @@ def expand(path: str | os.PathLike) -> Path:
     return Path(os.path.expanduser(str(path))).absolute()
 
 
-def _manifest(path: Path) -> dict | None:
+def read_manifest(path: Path) -> dict | None:
+    """The folder's `.launch/manifest.json` (None when absent or unreadable)."""
     file = path / META / MANIFEST
     if not file.is_file():
         return None
@@ -99,6 +100,9 @@ def _when(epoch) -> str:
 def check(path: Path, resume: bool, overwrite: bool, machine_rank: int = 0) -> Claim:
     """Everything that must hold before the folder may be used; reads only."""
     claim = Claim(path=path, machine_rank=machine_rank)
+    if path.is_symlink() and not path.exists():
+        raise LaunchError(f"The output folder {path} is a symbolic link to {os.readlink(path)}, which does not exist. "
+                          "Create the folder it points to, remove the link, or pass another --output-dir.")
     if path.exists() and not path.is_dir():
         raise LaunchError(f"The output folder {path} is a file. Pass another --output-dir.")
     existing = path
@@ -126,7 +130,7 @@ def check(path: Path, resume: bool, overwrite: bool, machine_rank: int = 0) -> C
             raise LaunchError(f"--resume: {path} holds no earlier run to continue.")
         return claim
     claim.new = False
-    manifest = _manifest(path)
+    manifest = read_manifest(path)
     if manifest is None:
         shown = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "")
         raise LaunchError(
@@ -163,11 +167,14 @@ def _adoptable(path: Path, entries: list[str], stale: dict | None) -> set[str]:
     return {e for e in entries if e != META and (path / e).lstat().st_mtime >= started}
 
 
-def claim(c: Claim, command: str) -> Claim:
-    """Create the folder, delete what --overwrite named, take the lock. Call only after every check passed."""
+def claim(c: Claim, command: str, run: dict | None = None) -> Claim:
+    """Create the folder, delete what --overwrite named, take the lock, record the run's identity (`run`, what a
+    checkpoint here must share with a run that resumes it: launch.checkpoints). Call only after every check passed."""
     meta = c.path / META
     meta.mkdir(parents=True, exist_ok=True)
-    manifest = _manifest(c.path) or {"entries": []}
+    manifest = read_manifest(c.path) or {"entries": []}
+    if run is not None:
+        manifest["run"] = run
     if c.stale_lock:
         manifest["entries"] = sorted(set(manifest["entries"]) | _adoptable(c.path, sorted(c.before), c.stale_lock))
     for name in c.delete:
@@ -200,7 +207,7 @@ def release(c: Claim) -> None:
     if c.lock_path is None:
         return
     try:
-        manifest = _manifest(c.path) or {"entries": []}
+        manifest = read_manifest(c.path) or {"entries": []}
         now = {p.name for p in c.path.iterdir()} - {META}
         manifest["entries"] = sorted((set(manifest["entries"]) & now) | (now - c.before))
         _write_manifest(c.path, manifest)

@@ -7,6 +7,7 @@ differences: device, precision, attention kernel and model size (plus the few st
 from __future__ import annotations
 
 from launch import smoke
+from launch.errors import LaunchError
 from launch.constants import CUDA_ONLY_ATTENTION, SP_ATTENTION_KEY
 
 # A smoke run: the tiny offline model and dataset, few steps, a loss and grad_norm logged at every step.
@@ -52,7 +53,13 @@ def profile_name(smoke_run: bool, cpu: bool) -> str:
 def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print) -> dict:
     out: dict = {}
     if smoke_run:
-        assets = smoke.ensure_smoke_assets(progress=progress)
+        try:
+            assets = smoke.ensure_smoke_assets(progress=progress)
+        except OSError as e:
+            raise LaunchError(
+                f"The smoke model and data cannot be built in {smoke.smoke_dir()} ({e.strerror or e}): that folder "
+                f"is under RECIPES_CACHE ({smoke.cache_root()}, default ~/.cache/llm-recipes). Set RECIPES_CACHE to "
+                "a folder you can write to, e.g. `RECIPES_CACHE=/tmp/llm-recipes`.") from None
         out.update(SMOKE_TRAINING)
         out["model_name_or_path"] = assets["model"]
         out["dataset_name"] = assets["data"]

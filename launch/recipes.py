@@ -22,14 +22,51 @@ RECIPES_DIR = REPO_ROOT / "recipes"
 RECIPE_FILES = ("config.yaml", "train.py", "expected_metrics.json", "README.md")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a key written twice in one mapping is an error naming both lines: PyYAML (and so
+    Accelerate and TRL) silently keep the last one, e.g. an edited `accelerate_config:` with the old line left
+    below it."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: PyYAML reports it itself
+                continue
+            if first is not key_node:
+                raise _DuplicateKey(key, first.start_mark.line + 1, key_node.start_mark.line + 1)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key, first: int, second: int):
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
 def load_yaml(path: Path) -> dict:
-    """Read a YAML mapping; a syntax error names the file and line."""
+    """Read a YAML mapping; a syntax error names the file and line, a key given twice both lines."""
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise LaunchError(f"{path} does not exist.") from None
+    except IsADirectoryError:
+        raise LaunchError(f"{path} is a directory, not a YAML file.") from None
+    except OSError as e:
+        raise LaunchError(f"{path} cannot be read ({e.strerror or e}).") from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise LaunchError(f"{path}:{line}: byte 0x{raw[e.start]:02x} is not UTF-8 (YAML files are read as UTF-8). "
+                          "Save the file as UTF-8 (e.g. re-type the character, or `iconv -f latin1 -t utf-8`).") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as e:
+        raise LaunchError(f"{path}: the key `{e.key}` is given twice, on lines {e.first} and {e.second}; YAML readers "
+                          "keep the last one without a word. Delete the line you do not mean.") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -72,6 +109,9 @@ class Recipe:
             candidate = (base / ref).resolve()
             if candidate.is_file():
                 return candidate
+            if candidate.is_dir():
+                raise LaunchError(f"{self.config_path}: accelerate_config `{ref}` is a directory ({candidate}); name "
+                                  "the Accelerate config file in it, e.g. `accelerate_configs/multi_gpu.yaml`.")
         raise LaunchError(
             f"{self.config_path}: accelerate_config `{ref}` was found neither under {REPO_ROOT} nor under {self.path}."
         )
@@ -115,8 +155,9 @@ def recipe_names() -> list[str]:
     return [p.name for p in recipe_dirs()]
 
 
-def find_recipe(name: str) -> Recipe:
-    """Resolve a recipe by name (a folder under recipes/) or by a path to a recipe folder."""
+def find_recipe(name: str, optional: tuple[str, ...] = ()) -> Recipe:
+    """Resolve a recipe by name (a folder under recipes/) or by a path to a recipe folder. `optional`: files of
+    RECIPE_FILES that may be missing (`record` writes expected_metrics.json)."""
     path = Path(name)
     if path.is_dir() and (path / "config.yaml").is_file():
         folder = path.resolve()
@@ -130,7 +171,13 @@ def find_recipe(name: str) -> Recipe:
             f"Unknown recipe `{name}`.{hint} Recipes are the folders under {RECIPES_DIR} that hold a config.yaml; "
             "`python -m launch list` shows them all."
         )
-    missing = [f for f in RECIPE_FILES if not (folder / f).is_file()]
+    missing = [f for f in RECIPE_FILES if not (folder / f).is_file() and f not in optional]
+    if missing == ["expected_metrics.json"]:
+        raise LaunchError(
+            f"Recipe folder {folder} has no expected_metrics.json yet. The record command writes it from a smoke run: "
+            f"`python -m launch record {folder.name if folder.parent == RECIPES_DIR else folder} --smoke --cpu` "
+            "(add --num-processes N for the layout you want recorded)."
+        )
     if missing:
         raise LaunchError(
             f"Recipe folder {folder} lacks {', '.join(missing)}. A recipe folder holds {', '.join(RECIPE_FILES)}; "

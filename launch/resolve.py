@@ -54,13 +54,16 @@ def _check_numbers(options: Options) -> None:
 
 def resolve(options: Options, progress=print) -> Setup:
     _check_numbers(options)
-    recipe = find_recipe(options.recipe)
+    # `record` writes expected_metrics.json: a recipe without one yet is what it is for
+    recipe = find_recipe(options.recipe, optional=("expected_metrics.json",) if options.record else ())
+    notes: list[str] = []
+    if options.record and not recipe.expected_metrics_path.is_file():
+        notes.append(f"{recipe.expected_metrics_path} does not exist yet: this run's metrics will create it")
     profile = profiles.profile_name(options.smoke, options.cpu)
     # The recipe's own Accelerate config is checked as written, even where this run overrides a value of it.
     accelerate_config.check(recipe.accelerate_config_path, recipe.accelerate)
     accelerate = dict(recipe.accelerate)
     config = dict(recipe.config)
-    notes: list[str] = []
 
     # A smoke run keeps the layout its expected metrics were recorded with, unless the user changes the layout.
     recorded = dict(read_expected(recipe.expected_metrics_path).get("profiles", {}).get(profile, {}).get("invocation")

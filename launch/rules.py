@@ -203,6 +203,18 @@ def processes_fit_layout(setup, facts: Facts):
 
 
 @rule()
+def rendezvous_port(setup, facts: Facts):
+    # accelerate launch passes it to torchrun even on one machine, which then fails after the start
+    port, source = setup.options.main_process_port, setup.options.main_process_port_source
+    if port is None or 1 <= port <= 65535:
+        return None
+    given, fix = (f"--main-process-port {port}", "Pass a port between 1 and 65535, e.g. 29500.") if source.startswith("--") \
+        else (f"MASTER_PORT={port} (from the environment)", "Unset MASTER_PORT or set it to a free port, e.g. 29500.")
+    return (f"{given} is not a TCP port (1-65535): it is the ranks' rendezvous port, also on one machine, where "
+            f"accelerate launch would start and then fail. {fix}")
+
+
+@rule()
 def multinode_rendezvous(setup, facts: Facts):
     o, machines = setup.options, setup.layout.num_machines
     if machines <= 1:
@@ -214,9 +226,6 @@ def multinode_rendezvous(setup, facts: Facts):
     rank = o.machine_rank or 0
     if not 0 <= rank < machines:
         problems.append(f"--machine-rank {rank} is outside 0..{machines - 1}")
-    port = o.main_process_port
-    if port is not None and not 1 <= port <= 65535:
-        problems.append(f"--main-process-port {port} is not a TCP port (1-65535)")
     if problems:
         return f"Multi-node run over {machines} machines: " + "; ".join(problems) + "."
     return None

@@ -49,6 +49,25 @@ def memory_plan(setup, model, gpu_count: int):
         return None
 
 
+def check_resume(setup) -> None:
+    """--resume: the checkpoint was saved by a run like this one, and the output folder holds no other run's results
+    (reads only)."""
+    checkpoint = setup.training.get("resume_from_checkpoint")
+    if not setup.options.resume or not checkpoint:
+        return
+    checkpoint, run = Path(checkpoint), checkpoints.identity(setup)
+    problems = checkpoints.resume_problems(checkpoint, run)
+    folder_run = (outdir.read_manifest(setup.output_dir) or {}).get("run")
+    if checkpoint.parent != setup.output_dir and isinstance(folder_run, dict) and folder_run != run:
+        problems.append(f"the output folder {setup.output_dir} holds the results of another run ({folder_run.get('recipe')}, "
+                        f"{folder_run.get('strategy')}), which this run would write over")
+    if problems:
+        raise LaunchError(
+            "--resume " + str(checkpoint) + ": " + "; ".join(problems) + ". A checkpoint resumes only with the recipe, "
+            "strategy, mesh and model (and, for ZeRO and FSDP, the world size) that saved it. Resume it with the "
+            "recipe that saved it, or start this recipe afresh in a new --output-dir (without --resume).")
+
+
 def check_free_space(path: Path, min_free: int | None = None) -> None:
     """A full output file system is found now, not after an hour of training (reads only)."""
     min_free = envvars.min_free_bytes() if min_free is None else min_free
@@ -108,6 +127,7 @@ def launch(options, dry_run: bool = False) -> int:
     if os.environ.get("LAUNCH_DOCTOR_AT_START") == "1" and not dry_run:
         if doctor.run_doctor(setup, strict=True, out=lambda m: say(f"doctor: {m}")):
             raise LaunchError("The environment check failed (see the PROBLEM lines above); nothing was started.")
+    check_resume(setup)
     facts = gather_facts(setup)
     report = rules.check(setup, facts)
     min_free = envvars.min_free_bytes()
@@ -151,7 +171,7 @@ def launch(options, dry_run: bool = False) -> int:
 
     if (options.machine_rank or 0) > 0:
         wait_for_rendezvous(options.main_process_ip, options.main_process_port or 29500, options.rendezvous_timeout)
-    outdir.claim(claim, command=" ".join(cmd))
+    outdir.claim(claim, command=" ".join(cmd), run=checkpoints.identity(setup))
     try:
         check_writable(setup.output_dir)
         return _run(setup, cmd, record, facts)

@@ -43,10 +43,11 @@ def copy_recipe(tmp: Path, base="zero3", config=None, accelerate=None) -> Path:
     return folder
 
 
-def earlier_run(tmp: Path, checkpoint_files=None) -> Path:
-    """An output folder as an earlier run of the launcher left it: checkpoint-8, final, logs, manifest."""
-    out = tmp / "out"
-    claim = outdir.claim(outdir.check(out, resume=False, overwrite=False), command="earlier run")
+def earlier_run(tmp: Path, checkpoint_files=None, run: dict | None = None, name="out") -> Path:
+    """An output folder as an earlier run of the launcher left it: checkpoint-8, final, logs, manifest (with the
+    run's identity when given, as the launcher records it)."""
+    out = tmp / name
+    claim = outdir.claim(outdir.check(out, resume=False, overwrite=False), command="earlier run", run=run)
     (out / "checkpoint-8").mkdir(parents=True)
     (out / "checkpoint-8" / "trainer_state.json").write_text("{}")
     for name, data in (checkpoint_files or {}).items():
@@ -77,7 +78,76 @@ FIXTURES = {
     "foreign_file": lambda tmp: {"out": _foreign(tmp)},
     "locked": lambda tmp: {"out": _locked(tmp)},
     "broken_expected": lambda tmp: {"recipe": _broken_expected(tmp)},
+    "zero3_run": lambda tmp: {"out": earlier_run(tmp, run=_identity("zero3"))},
+    "zero3_run_2_processes": lambda tmp: {"out": earlier_run(tmp, run=_identity("zero3"))},
+    "deepspeed_checkpoint": lambda tmp: _deepspeed_checkpoint(tmp),
+    "two_runs": lambda tmp: _two_runs(tmp),
+    "duplicate_key": lambda tmp: _with_text(tmp, "zero3", _duplicate_key),
+    "duplicate_accelerate_key": lambda tmp: _with_text(tmp, "ddp", lambda t: t + b"num_processes: 3\n",
+                                                       which="accelerate.yaml"),
+    "latin1_config": lambda tmp: _with_text(tmp, "zero3", lambda t: b"# r\xe9glages\n" + t),
+    "latin1_accelerate": lambda tmp: _with_text(tmp, "ddp", lambda t: t + b"# caf\xe9\n", which="accelerate.yaml"),
+    "nan_reference": lambda tmp: _nan_reference(tmp),
+    "inf_bound": lambda tmp: _nan_reference(tmp, key="bounds"),
+    "dangling_output": lambda tmp: _dangling(tmp),
+    "accelerate_config_dir": lambda tmp: {"recipe": copy_recipe(tmp, config={"accelerate_config": "accelerate_configs"})},
 }
+
+
+def _identity(recipe: str, num_processes: int | None = None) -> dict:
+    """The identity a smoke CPU run of `recipe` records in its output folder (launch.checkpoints.identity)."""
+    from launch.checkpoints import identity
+    from launch.options import Options
+    from launch.resolve import resolve
+
+    return identity(resolve(Options(recipe=recipe, smoke=True, cpu=True, num_processes=num_processes),
+                            progress=lambda *_: None))
+
+
+def _deepspeed_checkpoint(tmp):
+    """A checkpoint saved by plain `accelerate launch` with DeepSpeed on 2 processes (no launcher manifest)."""
+    folder = tmp / "elsewhere" / "checkpoint-8"
+    (folder / "global_step8").mkdir(parents=True)
+    for name in ("trainer_state.json", "rng_state_0.pth", "rng_state_1.pth"):
+        (folder / name).write_text("{}")
+    return {"ckpt": folder}
+
+
+def _two_runs(tmp):
+    """A ddp run's folder to resume from, and a zero3 run's folder as the output folder."""
+    ddp = earlier_run(tmp, run=_identity("ddp"), name="ddp-run")
+    zero3 = tmp / "zero3-run"
+    outdir.release(outdir.claim(outdir.check(zero3, resume=False, overwrite=False), "zero3", run=_identity("zero3")))
+    (zero3 / "run_summary.json").write_text("{}")
+    return {"ckpt": ddp / "checkpoint-8", "out": zero3}
+
+
+def _with_text(tmp, base: str, edit, which="config.yaml"):
+    folder = copy_recipe(tmp, base=base, accelerate={"num_machines": 1} if which == "accelerate.yaml" else None)
+    path = folder / which
+    path.write_bytes(edit(path.read_bytes()))
+    return {"recipe": folder}
+
+
+def _duplicate_key(text: bytes) -> bytes:
+    return text.replace(b"accelerate_config:", b"accelerate_config: accelerate_configs/zero3.yaml\naccelerate_config:", 1)
+
+
+def _nan_reference(tmp, key="loss"):
+    folder = copy_recipe(tmp)
+    data = json.loads((folder / "expected_metrics.json").read_text())
+    entry = data["profiles"]["smoke-cpu"]
+    if key == "loss":
+        entry["steps"]["loss"][3] = float("nan")
+    else:
+        entry["bounds"]["first_loss"][0] = float("inf")
+    (folder / "expected_metrics.json").write_text(json.dumps(data))  # json writes NaN / Infinity
+    return {"recipe": folder}
+
+
+def _dangling(tmp):
+    (tmp / "out").symlink_to(tmp / "missing")
+    return {}
 
 
 def _foreign(tmp):
@@ -178,12 +248,59 @@ REFUSED = [
     ("resume-latest-truncated-weights", "ddp --smoke --cpu --output-dir {out} --resume", "truncated_checkpoint", 2,
      "no complete checkpoint"),
     ("unknown-recipe", "zero4 --smoke --cpu", "none", 2, "Unknown recipe `zero4`. Did you mean"),
+    # issue 19: a checkpoint resumed only by a run like the one that saved it; never over another run's results
+    ("resume-a-zero3-checkpoint-with-ddp", "ddp --smoke --cpu --output-dir {out} --resume {out}/checkpoint-8",
+     "zero3_run", 2, "was saved by another kind of run (recorded in {out}/.launch/manifest.json): recipe 'zero3'"),
+    ("resume-on-another-world-size", "zero3 --smoke --cpu --num-processes 4 --output-dir {out} --resume",
+     "zero3_run_2_processes", 2, "world_size 2 (this run: 4)"),
+    ("resume-a-deepspeed-checkpoint-under-fsdp2", "ring-cp-2gpu --smoke --cpu --resume {ckpt} --output-dir {out}",
+     "deepspeed_checkpoint", 2, "(read from its files): strategy 'deepspeed' (this run: 'fsdp2')"),
+    ("resume-into-another-runs-folder", "ddp --smoke --cpu --resume {ckpt} --output-dir {out}", "two_runs", 2,
+     "holds the results of another run (zero3, deepspeed), which this run would write over"),
+    # issue 19: the hang watchdog takes positive seconds or `off`
+    ("hang-timeout-negative", "ddp --smoke --cpu --hang-timeout -1", "none", 2,
+     "-1 seconds: give a positive number of seconds, or `off`"),
+    ("hang-timeout-zero", "zero3 --smoke --cpu --hang-timeout 0", "none", 2,
+     "0 seconds: give a positive number of seconds, or `off`"),
+    # issue 19: the deprecated checkpointing name where transformers would ignore it
+    ("gradient-checkpointing-ignored", "ring-cp-2gpu --smoke --cpu -- --gradient_checkpointing false", "none", 2,
+     "transformers ignores the deprecated `gradient_checkpointing` whenever `activation_checkpointing` is set"),
+    ("no-gradient-checkpointing-ignored", "alst-ulysses-8gpu --smoke --cpu -- --no_gradient_checkpointing", "none", 2,
+     "`-- --activation_checkpointing false`"),
+    # issue 19: a key written twice in a YAML file the launcher reads
+    ("duplicated-key-in-config-yaml", "{recipe} --smoke --cpu --dry-run", "duplicate_key", 2,
+     "the key `accelerate_config` is given twice, on lines"),
+    ("duplicated-key-in-accelerate-config", "{recipe} --smoke --cpu --dry-run", "duplicate_accelerate_key", 2,
+     "the key `num_processes` is given twice, on lines"),
+    # issue 19: expected metrics holding NaN or infinity are refused at the start
+    ("nan-in-expected-metrics", "{recipe} --smoke --cpu", "nan_reference", 2,
+     "`profiles.smoke-cpu.steps.loss` holds NaN or infinity"),
+    ("infinity-in-expected-bounds", "{recipe} --smoke --cpu", "inf_bound", 2,
+     "`profiles.smoke-cpu.bounds` holds a value that is not a finite number"),
+    # issue 19: one paragraph instead of a traceback
+    ("non-utf8-config-yaml", "{recipe} --smoke --cpu --dry-run", "latin1_config", 2,
+     "config.yaml:1: byte 0xe9 is not UTF-8"),
+    ("non-utf8-accelerate-config", "{recipe} --smoke --cpu --dry-run", "latin1_accelerate", 2, "is not UTF-8"),
+    ("output-dir-dangling-symlink", "ddp --smoke --cpu --output-dir {out}", "dangling_output", 2,
+     "is a symbolic link to {tmp}/missing, which does not exist"),
+    ("main-process-port-zero-one-machine", "ddp --smoke --cpu --main-process-port 0", "none", 2,
+     "--main-process-port 0 is not a TCP port (1-65535): it is the ranks' rendezvous port, also on one machine"),
+    ("accelerate-config-is-a-directory", "{recipe} --smoke --cpu --dry-run", "accelerate_config_dir", 2,
+     "accelerate_config `accelerate_configs` is a directory"),
 ]
 ENV_REFUSED = [
     ("min-free-not-a-number", "ddp --smoke --cpu --dry-run", {"LAUNCH_MIN_FREE_MB": "abc"}, 2,
      "LAUNCH_MIN_FREE_MB='abc' is not an integer"),
     ("slurm-nnodes-not-a-number", "ddp --smoke --cpu --dry-run", {"SLURM_NNODES": "two"}, 2,
      "SLURM_NNODES='two' is not an integer"),
+    ("master-port-out-of-range", "ddp --smoke --cpu", {"MASTER_PORT": "99999"}, 2,
+     "MASTER_PORT=99999 (from the environment) is not a TCP port"),
+    ("master-port-out-of-range-zero3", "zero3 --smoke --cpu --dry-run", {"MASTER_PORT": "70000"}, 2,
+     "Unset MASTER_PORT or set it to a free port"),
+    ("recipes-cache-not-writable", "ddp --smoke --cpu", {"RECIPES_CACHE": "/dev/null/llm-recipes"}, 2,
+     "Set RECIPES_CACHE to a folder you can write to"),
+    ("recipes-cache-not-writable-zero3", "zero3 --smoke --cpu --dry-run", {"RECIPES_CACHE": "/dev/null/x"}, 2,
+     "cannot be built in /dev/null/x/smoke/"),
 ]
 
 
@@ -224,6 +341,7 @@ def _values(tmp_path, fixture) -> dict:
 
 
 @shows(rules.numbers_positive)
+@shows(rules.rendezvous_port)
 @shows(rules.multinode_rendezvous)
 @shows(rules.model_and_data_found)
 @pytest.mark.parametrize("case", REFUSED, ids=[c[0] for c in REFUSED])
@@ -299,3 +417,65 @@ def test_extra_training_arguments_keep_the_recorded_smoke_layout(tmp_path, capsy
     assert "world size               2 process(es)" in out  # the recorded layout, not the config's 8
     out, _ = _dry_run("ddp --smoke --cpu --num-processes 4", tmp_path, capsys)
     assert "smoke layout changed to 4 process(es)" in out and "not judged" in out
+
+
+@pytest.mark.parametrize("recipe,processes", [("alst-ulysses-4gpu", 4), ("ddp", 2)])
+def test_the_recorded_layout_given_explicitly_is_not_a_change(recipe, processes, tmp_path, capsys, no_spawn):
+    """Issue 19: `--num-processes N` equal to the recorded smoke layout is judged, not reported as a changed layout."""
+    out, _ = _dry_run(f"{recipe} --smoke --cpu --num-processes {processes}", tmp_path, capsys)
+    assert "smoke layout changed" not in out and "not judged" not in out
+    from launch.options import Options
+    from launch.resolve import resolve
+
+    recorded = json.loads((RECIPES_DIR / recipe / "expected_metrics.json").read_text())["profiles"]["smoke-cpu"]
+    setup = resolve(Options(recipe=recipe, smoke=True, cpu=True, num_processes=processes), progress=lambda *_: None)
+    assert setup.invocation == recorded["invocation"]
+
+
+@pytest.mark.parametrize("value", ["off", "OFF"])
+def test_the_hang_watchdog_can_be_turned_off(value, tmp_path, capsys, no_spawn):
+    _dry_run(f"ddp --smoke --cpu --hang-timeout {value}", tmp_path, capsys)
+    from launch.options import hang_timeout
+
+    assert hang_timeout(value) == float("inf") and hang_timeout("2.5") == 2.5
+
+
+def test_record_creates_a_missing_expected_metrics_file_and_a_run_says_how(tmp_path, capsys, no_spawn):
+    """Issue 19: `record` for a recipe without expected_metrics.json says it will create it; a run without one is
+    refused with the record command that creates it."""
+    folder = copy_recipe(tmp_path, base="ddp")
+    (folder / "expected_metrics.json").unlink()
+    rc, out, err = _run(f"record {folder} --smoke --cpu --num-processes 2 --dry-run", {}, capsys)
+    assert rc == 0, err
+    assert f"{folder / 'expected_metrics.json'} does not exist yet: this run's metrics will create it" in out
+    rc, out, err = _run(f"{folder} --smoke --cpu --dry-run", {}, capsys)
+    assert rc == 2 and "has no expected_metrics.json yet" in err and f"python -m launch record {folder} --smoke --cpu" in err
+
+
+@pytest.mark.parametrize("damage", ["truncate", "nan"])
+def test_expected_metrics_broken_during_the_run_still_give_a_summary(damage, tmp_path, capsys, monkeypatch):
+    """Issue 19: a reference that becomes unreadable (or NaN) while the run trains: the summary is written, and the
+    judge says it could not judge with its own exit status (4), not the "refused before start" status 2. The
+    training itself is replaced by a fake that writes what a finished run writes."""
+    from launch import judge, supervise
+
+    folder = copy_recipe(tmp_path, base="ddp")
+    expected = folder / "expected_metrics.json"
+    steps = json.loads(expected.read_text())["profiles"]["smoke-cpu"]["steps"]
+
+    def fake_training(cmd, log_path, env=None, watchdog=None, **_):
+        out = Path(cmd[cmd.index("--output_dir") + 1])
+        history = [{"step": i + 1, "loss": loss, "grad_norm": g} for i, (loss, g) in
+                   enumerate(zip(steps["loss"], steps["grad_norm"]))]
+        (out / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+        log_path.write_text("trained\n")
+        text = expected.read_text()
+        expected.write_text(text[:40] if damage == "truncate" else text.replace(str(steps["loss"][0]), "NaN", 1))
+        return 0, None
+
+    monkeypatch.setattr(supervise, "run", fake_training)
+    rc, out, err = _run(f"{folder} --smoke --cpu --output-dir {tmp_path / 'out'}", {}, capsys)
+    assert rc == judge.UNREADABLE_REFERENCE == 4, out + err
+    summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
+    assert summary["verdict"]["passed"] is None and "expected metrics unreadable" in summary["verdict"]["reason"]
+    assert "not judged: the expected metrics cannot be read any more" in out

@@ -13,12 +13,12 @@ import json
 
 from launch.errors import LaunchError
 from launch.memory_plan import GPU_MEMORY_GIB, Target, describe, plan_memory
-from launch.options import MESH_OPTIONS, Options, mesh_overrides, split_extra
+from launch.options import MESH_OPTIONS, Options, Parser, mesh_overrides, split_extra
 from launch.resolve import resolve
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m launch plan", description=(
+    p = Parser(prog="python -m launch plan", description=(
         "Plan a recipe for a target machine: mesh, per-rank sequence length, memory per GPU and per node, verdict. "
         "Exit status 0 fits, 1 does not fit, 2 invalid input."))
     p.add_argument("recipe")
