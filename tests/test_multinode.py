@@ -33,7 +33,7 @@ def test_two_machines_on_loopback_match_one_machine(recipe, processes, tmp_path,
     assert machine0.returncode == 0, explain(machine0)
     assert machine1.returncode == 0, out1[-4000:]
     multi = json.loads((tmp_path / "machine0" / "run_summary.json").read_text())
-    assert multi["plan"]["num_machines"] == 2 and multi["world_size"] == processes
+    assert multi["layout"]["num_machines"] == 2 and multi["world_size"] == processes
     proc, single = smoke_runs.run(recipe)  # one machine, all processes: the recorded smoke invocation
     assert proc.returncode == 0, explain(proc)
     # measured: identical (0.0) per-step losses and grad norms for all four (gloo over loopback reduces in the same
