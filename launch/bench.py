@@ -1,18 +1,39 @@
-"""`--bench`: what a run measures about itself, per step and overall, and `bench --max-length auto`.
+"""Throughput, MFU and memory of a run, measured in the ranks and summarised by the launcher; `bench --max-length auto`.
 
-Measured in the ranks (`BenchCallback`, added by `launch.monitor` when the launcher sets LAUNCH_BENCH):
-- step time: wall time from the optimizer step's first micro-batch to its end, with `torch.cuda.synchronize()` on
-  GPU so that the time is the kernels', not the launch queue's;
-- tokens: the tokens each rank's model embeds during the step (a forward pre-hook on the input embeddings, so
-  padding counts, and under CP/SP each rank counts its own shard);
-- memory: `torch.cuda.max_memory_allocated()` / `max_memory_reserved()` over the measured steps (GPU); the process's
-  peak resident set size (`ru_maxrss`, whole process lifetime) and host memory in use (CPU and GPU runs).
-Warm-up steps (default 2: the first step allocates optimizer states, compiles kernels, fills caches) are excluded.
+Rank side (`bench_callback`, added by `launch.monitor` when the launcher sets LAUNCH_BENCH=<warm-up steps>). Cheap
+enough for every run:
+- tokens: a forward pre-hook on the input embeddings adds each micro-batch's `input_ids.numel()` (a shape, no
+  device sync; padding counts; under CP/SP each rank counts its own shard);
+- time: `time.perf_counter()` at every step end (no sync), and one `torch.cuda.synchronize()` at the start of the
+  first measured step, every `SYNC_EVERY` (10) measured steps and at the last step's end. The overall tokens/s and
+  MFU come from those synchronised marks, so they are the GPU's time; the per-step times between two marks are the
+  host's view (the host may run ahead of the GPU, so single steps jitter; their sum is exact at each mark). Cost:
+  on GPU one queue drain per 10 steps (the next step's first kernels wait for the host to enqueue them, typically
+  well under a millisecond: an estimate, not measured here, no GPU), a Python hook per micro-batch and one JSON
+  write per 10 steps (host-side cost measured on CPU in tests/test_bench.py: tens of microseconds per step).
+  LAUNCH_BENCH_SYNC=1 (for the launcher's `--bench`) synchronises at every step begin and end instead, for exact
+  per-step times, at the cost of the host-device overlap at every step boundary;
+- memory, per rank, read at the marks: `torch.cuda.max_memory_allocated()` and `max_memory_reserved()` since the
+  first measured step (peaks reset there), the device memory in use as the driver sees it (`cudaMemGetInfo`: total
+  - free, so also the CUDA context and NCCL's buffers that PyTorch does not count; the caching allocator keeps its
+  peak reservation, so the value at a mark is the peak's), the process's peak resident set (`ru_maxrss`, whole
+  lifetime) and the host memory in use (psutil);
+- the device name and, where pynvml is importable, the GPU's enforced power limit (a 500 W H100 is slower than a
+  700 W one).
+Warm-up steps (default 2: optimizer states allocated, kernels compiled, caches filled) are not measured.
 
-MFU convention (torchtitan, `torchtitan/models/utils.py` get_dense_model_nparams_and_flops): model FLOPs per token =
-6 N + 12 L H d S, where N = parameters without the input embedding table, L layers, H query heads of dimension d,
-S the sequence length; no causal discount; activation recomputation not counted. MFU = FLOPs per token x tokens per
-second per GPU / the GPU's dense BF16 peak (table below). An unknown GPU, or a CPU, gets no MFU, and says so.
+Launcher side: `report(folder, arch, seq_len, estimate)` combines the ranks' files with the planner's prediction and
+`format_report` prints it (`summarize`, `compare_with_plan` and `format_summary` are the older, smaller entry points).
+
+MFU, in two conventions, both against the GPU's dense BF16 peak (`GPU_PEAK_BF16`; an unknown GPU or a CPU gets no
+number, and the summary says so), recomputation never counted:
+- non-causal (torchtitan `get_dense_model_nparams_and_flops`, llm-foundry): FLOPs per token = 6 N + 12 L H d S;
+- causal-discounted (TRL PR #6846's MFU, DeepSpeed-Ulysses): 6 N + 6 L H d S, the attention term halved because a
+  causal kernel skips the masked half (at 8K tokens the two differ by ~14% for an 8B model, at 1M by ~2x).
+N = the parameters used in matrix multiplies: every layer's and the LM head's (also when tied to the embeddings: the
+head is still a matmul), not the input embedding table (a lookup); L layers, H query heads of dimension d, S the
+run's max_length (the attention span: exact for synthetic rows and packed rows of max_length, an upper bound, so an
+overstated MFU, for padded batches of shorter rows).
 """
 
 from __future__ import annotations
@@ -24,21 +45,32 @@ import time
 from pathlib import Path
 
 DEFAULT_WARMUP = 2
+SYNC_EVERY = 10  # measured steps between two synchronised marks (and file writes)
+SYNC_ENV = "LAUNCH_BENCH_SYNC"  # "1": synchronise at every step begin and end (exact per-step times)
 
 # Dense (no sparsity) BF16 tensor-core peak, FLOP/s, from NVIDIA's data sheets. Matched against
-# torch.cuda.get_device_name() by substring, most specific first.
+# torch.cuda.get_device_name() by substring, first match wins, so the more specific names come first.
 GPU_PEAK_BF16 = [
     ("H100 NVL", 835e12),  # H100 data sheet, NVL column: 1,671 TFLOPS with sparsity
     ("H100 PCIe", 756e12),  # H100 data sheet, PCIe column: 1,513 TFLOPS with sparsity
     ("H100", 989e12),  # H100 SXM: 1,979 TFLOPS with sparsity (torchtitan uses 989e12)
-    ("H200", 989e12),  # H200 data sheet (SXM): 1,979 TFLOPS with sparsity
+    ("H800", 989e12),  # H800 SXM: as H100 SXM
     ("GH200", 989e12),  # GH200 data sheet: 1,979 TFLOPS with sparsity
+    ("H200", 989e12),  # H200 data sheet (SXM): 1,979 TFLOPS with sparsity
     ("B200", 2250e12),  # HGX B200: 4.5 PFLOPS with sparsity per GPU
     ("A100", 312e12),  # A100 data sheet (SXM and PCIe): 624 TFLOPS with sparsity
+    ("A800", 312e12),  # A800: as A100
     ("L40S", 362e12),  # L40S data sheet: 733 TFLOPS with sparsity
+    ("L40", 181e12),  # L40 data sheet: 362 TFLOPS with sparsity
+    ("L4", 121e12),  # L4 data sheet: 242 TFLOPS with sparsity
     ("A10G", 70e12),  # AWS A10G (data sheet of g5 instances)
     ("A10", 125e12),  # A10 data sheet: 250 TFLOPS with sparsity
 ]
+
+CONVENTIONS = {
+    "mfu": "non-causal: 6N + 12*L*H*d*S FLOPs per token (torchtitan, llm-foundry; recomputation not counted)",
+    "mfu_causal": "causal-discounted: 6N + 6*L*H*d*S FLOPs per token (attention halved; TRL PR #6846)",
+}
 
 
 def gpu_peak_flops(name: str | None) -> float | None:
@@ -50,9 +82,17 @@ def gpu_peak_flops(name: str | None) -> float | None:
     return None
 
 
-def flops_per_token(matmul_params: int, num_layers: int, num_heads: int, head_dim: int, seq_len: int) -> float:
-    """torchtitan's 6 N + 12 L H d S (training: forward + backward), no causal discount."""
-    return 6 * matmul_params + 12 * num_layers * num_heads * head_dim * seq_len
+def flops_per_token(matmul_params: int, num_layers: int, num_heads: int, head_dim: int, seq_len: int,
+                    causal: bool = False) -> float:
+    """Training FLOPs per token (forward + backward): 6 N + 12 L H d S, or with `causal` 6 N + 6 L H d S."""
+    attention = 12 * num_layers * num_heads * head_dim * seq_len
+    return 6 * matmul_params + (attention // 2 if causal else attention)
+
+
+def flops_params(arch) -> int:
+    """N of the MFU formulas for a `launch.memory.Architecture`: all parameters but the input embedding table, plus
+    the LM head when it is tied to that table (then `num_params` counts the shared matrix once, as the embedding)."""
+    return arch.num_params - arch.embedding_params + (arch.lm_head_params if arch.tie_word_embeddings else 0)
 
 
 def mfu(tokens_per_second_per_gpu: float, fpt: float, peak: float | None) -> float | None:
@@ -60,7 +100,7 @@ def mfu(tokens_per_second_per_gpu: float, fpt: float, peak: float | None) -> flo
 
 
 # ---- rank side -------------------------------------------------------------------------------------------------
-def bench_callback(folder: Path, warmup: int):
+def bench_callback(folder: Path, warmup: int, sync_every_step: bool | None = None):
     import resource
 
     import torch
@@ -68,14 +108,24 @@ def bench_callback(folder: Path, warmup: int):
 
     rank = int(os.environ.get("RANK", "0"))
     cuda = torch.cuda.is_available()
+    if sync_every_step is None:
+        sync_every_step = os.environ.get(SYNC_ENV) == "1"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
 
     class BenchCallback(TrainerCallback):
         def __init__(self):
-            self.steps: list[dict] = []
-            self.tokens = 0
-            self.t0 = None
+            self.seen = 0  # optimizer steps begun
+            self.steps: list[dict] = []  # measured steps
+            self.marks: list[dict] = []  # synchronised: measured steps so far, seconds since the first, tokens
+            self.tokens = 0  # tokens of the current step
+            self.total_tokens = 0  # over the measured steps
+            self.t_start = self.t_last = self.t_begin = None
             self.hook = None
-            self.peak = {}
+            self.memory: dict = {}
+            self.device: dict = {}  # name and power limit, read once
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             embeddings = model.get_input_embeddings() if model is not None else None
@@ -87,33 +137,53 @@ def bench_callback(folder: Path, warmup: int):
                 self.tokens += int(inputs[0].numel())
 
         def on_step_begin(self, args, state, control, **kwargs):
-            if cuda:
-                torch.cuda.synchronize()
-                if len(self.steps) == warmup:
-                    torch.cuda.reset_peak_memory_stats()
+            self.seen += 1
             self.tokens = 0
-            self.t0 = time.perf_counter()
+            if self.seen == warmup + 1:  # the first measured step
+                sync()
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                self.t_start = self.t_last = time.perf_counter()
+                self.marks = [{"steps": 0, "time_s": 0.0, "tokens": 0}]
+            elif sync_every_step and self.t_start is not None:
+                sync()
+            self.t_begin = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            if cuda:
-                torch.cuda.synchronize()
-            step = {"step": state.global_step, "time_s": time.perf_counter() - self.t0, "tokens": self.tokens}
-            if cuda:
-                step["max_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
-                step["max_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-            step["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
-            step["host_used_gib"] = _host_used_gib()
-            self.steps.append(step)
-            if len(self.steps) % 10 == 0:
-                self._write(state)
+            if self.t_start is None:  # a warm-up step
+                return
+            if sync_every_step:
+                sync()
+            now = time.perf_counter()
+            # exact per step when synchronised; else the host's view between two step ends
+            elapsed = now - (self.t_begin if sync_every_step else self.t_last)
+            self.t_last = now
+            self.total_tokens += self.tokens
+            self.steps.append({"step": state.global_step, "time_s": elapsed, "tokens": self.tokens})
+            if len(self.steps) % SYNC_EVERY == 0 or (state.max_steps and state.global_step >= state.max_steps):
+                self._mark()  # (the last step's mark here: on_train_end comes after the Trainer's closing work)
 
         def on_train_end(self, args, state, control, **kwargs):
             if self.hook is not None:
                 self.hook.remove()
-            self._write(state)
+            if self.t_start is not None and self.marks[-1]["steps"] < len(self.steps):
+                self._mark()
+            else:
+                self._write()
 
-        def _write(self, state):
-            info = {"rank": rank, "warmup": warmup, "device": _device_name(), "steps": self.steps}
+        def _mark(self):
+            sync()
+            self.marks.append({"steps": len(self.steps), "time_s": time.perf_counter() - self.t_start,
+                               "tokens": self.total_tokens})
+            self.memory = _memory_now(cuda)
+            self._write()
+
+        def _write(self):
+            if not self.device:
+                self.device = {"device": _device_name(), "power_limit_w": _power_limit_w()}
+            info = {"rank": rank, "warmup": warmup, **self.device,
+                    "sync_every_step": sync_every_step, "steps": self.steps, "marks": self.marks,
+                    "memory": self.memory or _memory_now(cuda)}
             try:
                 folder.mkdir(parents=True, exist_ok=True)
                 tmp = folder / f"rank{rank}.tmp"
@@ -121,6 +191,16 @@ def bench_callback(folder: Path, warmup: int):
                 os.replace(tmp, folder / f"rank{rank}.json")
             except OSError:
                 pass
+
+    def _memory_now(on_gpu: bool) -> dict:
+        out = {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30,
+               "host_used_gib": _host_used_gib()}
+        if on_gpu:
+            free, total = torch.cuda.mem_get_info()
+            out.update(max_allocated_gib=torch.cuda.max_memory_allocated() / 2**30,
+                       max_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
+                       device_used_gib=(total - free) / 2**30, device_total_gib=total / 2**30)
+        return out
 
     return BenchCallback()
 
@@ -131,6 +211,25 @@ def _device_name() -> str:
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(torch.cuda.current_device())
     return "cpu"
+
+
+def _power_limit_w() -> float | None:
+    """The GPU's enforced power limit (W), if pynvml is importable."""
+    try:
+        import pynvml
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        pynvml.nvmlInit()
+        index = torch.cuda.current_device()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible and visible.split(",")[index].strip().isdigit():
+            index = int(visible.split(",")[index])
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0
+    except Exception:  # noqa: BLE001 - no NVML: the power limit is not reported
+        return None
 
 
 def _host_used_gib() -> float | None:
@@ -144,57 +243,159 @@ def _host_used_gib() -> float | None:
 
 
 # ---- launcher side -----------------------------------------------------------------------------------------------
-def summarize(folder: Path, arch=None, seq_len: int | None = None) -> dict | None:
-    """Combine the ranks' files into per-step and overall figures; None when no rank wrote any."""
+# (measured key in a rank's "memory", label, key of the prediction it is compared with)
+MEMORY_FIGURES = [
+    ("max_allocated_gib", "peak allocated (torch)", "allocated_gib"),
+    ("max_reserved_gib", "peak reserved (torch)", "reserved_gib"),
+    ("device_used_gib", "device memory in use (driver)", "device_gib"),
+    ("peak_rss_gib", "peak RSS per process", "rss_gib"),
+    ("host_used_gib", "host memory in use (node)", None),
+]
+
+
+def _read_ranks(folder: Path) -> list[dict]:
     ranks = []
     for path in sorted(folder.glob("rank*.json")):
         try:
             ranks.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError):
             continue
+    return sorted(ranks, key=lambda r: r.get("rank", 0))
+
+
+def _rank_memory(r: dict) -> dict:
+    if r.get("memory"):
+        return r["memory"]
+    last = r["steps"][-1] if r.get("steps") else {}  # files without "memory" carry it per step
+    return {k: last.get(k) for k, _, _ in MEMORY_FIGURES}
+
+
+def summarize(folder: Path, arch=None, seq_len: int | None = None) -> dict | None:
+    """Combine the ranks' files into per-step, per-rank and overall figures; None when no rank wrote any."""
+    ranks = _read_ranks(folder)
     if not ranks:
         return None
     warmup = ranks[0]["warmup"]
     device = ranks[0]["device"]
     n_steps = min(len(r["steps"]) for r in ranks)
-    measured = list(range(warmup, n_steps))
-    fpt = (flops_per_token(arch.matmul_params, arch.num_layers, arch.num_attention_heads, arch.head_dim, seq_len)
-           if arch is not None and seq_len else None)
+    if arch is not None and seq_len:
+        n = flops_params(arch)
+        fpt = flops_per_token(n, arch.num_layers, arch.num_attention_heads, arch.head_dim, seq_len)
+        fpt_causal = flops_per_token(n, arch.num_layers, arch.num_attention_heads, arch.head_dim, seq_len, True)
+    else:
+        fpt = fpt_causal = None
     peak = gpu_peak_flops(device) if device != "cpu" else None
     per_step = []
-    for i in measured:
+    for i in range(n_steps):
         rows = [r["steps"][i] for r in ranks]
         step_time = max(row["time_s"] for row in rows)  # the step ends when the slowest rank ends it
         tokens_per_gpu = sum(row["tokens"] for row in rows) / len(rows)
         tps = tokens_per_gpu / step_time if step_time else 0.0
         per_step.append({"step": rows[0]["step"], "time_s": step_time, "tokens_per_s_per_gpu": tps,
-                         "mfu": mfu(tps, fpt, peak) if fpt else None})
-    total_time = sum(s["time_s"] for s in per_step)
-    total_tokens = sum(sum(r["steps"][i]["tokens"] for r in ranks) / len(ranks) for i in measured)
+                         "mfu": mfu(tps, fpt, peak) if fpt else None,
+                         "mfu_causal": mfu(tps, fpt_causal, peak) if fpt_causal else None})
+
+    # Overall: from the last synchronised mark every rank reached (the slowest rank's time), else the step sum.
+    marked = [r.get("marks") or [] for r in ranks]
+    common = min((m[-1]["steps"] for m in marked), default=0) if all(marked) else 0
+    if common > 0:
+        at = [next(x for x in m if x["steps"] == common) for m in marked]
+        total_time = max(x["time_s"] for x in at)
+        total_tokens = sum(x["tokens"] for x in at) / len(at)
+        measured_steps, timing = common, "synchronised marks"
+    else:
+        total_time = sum(s["time_s"] for s in per_step)
+        total_tokens = sum(sum(r["steps"][i]["tokens"] for r in ranks) / len(ranks) for i in range(n_steps))
+        measured_steps, timing = len(per_step), "sum of per-step times"
+    tps = total_tokens / total_time if total_time else None
+
+    per_rank = []
+    for r in ranks:
+        entry = {"rank": r.get("rank"), "steps": len(r["steps"])}
+        entry.update({k: v for k, v in _rank_memory(r).items() if v is not None})
+        per_rank.append(entry)
 
     def worst(key):
-        values = [r["steps"][-1].get(key) for r in ranks if r["steps"] and r["steps"][-1].get(key) is not None]
+        values = [p[key] for p in per_rank if p.get(key) is not None]
         return max(values) if values else None
 
+    if peak:
+        note = None
+    elif device == "cpu":
+        note = "a CPU run has no GPU peak to compare with"
+    else:
+        note = f"{device} is not in the table of known GPU peaks (launch/bench.py GPU_PEAK_BF16)"
     overall = {
-        "measured_steps": len(per_step),
+        "measured_steps": measured_steps,
         "warmup_steps": warmup,
+        "timing": timing + ("; every step synchronised" if ranks[0].get("sync_every_step") else ""),
         "step_time_s_median": statistics.median(s["time_s"] for s in per_step) if per_step else None,
-        "step_time_s_mean": total_time / len(per_step) if per_step else None,
-        "tokens_per_s_per_gpu": total_tokens / total_time if total_time else None,
-        "mfu": (mfu(total_tokens / total_time, fpt, peak) if fpt and total_time else None),
-        "mfu_convention": ("torchtitan: 6N + 12*L*H*d*S FLOPs per token, no causal discount, recomputation not "
-                           f"counted, against {'%.0f TFLOP/s dense BF16 (' % (peak / 1e12) + device + ')' if peak else 'no known peak'}"),
-        "mfu_note": None if peak else (f"{device} is not in the table of known GPU peaks"
-                                       if device != "cpu" else "a CPU run has no GPU peak to compare with"),
+        "step_time_s_mean": total_time / measured_steps if measured_steps else None,
+        "tokens_per_s_per_gpu": tps,
+        "tokens_per_s": tps * len(ranks) if tps else None,
+        "seq_len": seq_len,
+        "flops_per_token": fpt,
+        "flops_per_token_causal": fpt_causal,
+        "peak_tflops": peak / 1e12 if peak else None,
+        "mfu": mfu(tps, fpt, peak) if fpt and tps else None,
+        "mfu_causal": mfu(tps, fpt_causal, peak) if fpt_causal and tps else None,
+        "mfu_convention": CONVENTIONS["mfu"] + (f", against {peak / 1e12:.0f} TFLOP/s dense BF16 ({device})" if peak
+                                                else ", against no known peak"),
+        "mfu_causal_convention": CONVENTIONS["mfu_causal"],
+        "mfu_note": note,
         "peak_allocated_gib": worst("max_allocated_gib"),
         "peak_reserved_gib": worst("max_reserved_gib"),
+        "device_used_gib": worst("device_used_gib"),
         "peak_rss_gib_per_process": worst("peak_rss_gib"),
         "host_used_gib": worst("host_used_gib"),
         "device": device,
+        "power_limit_w": ranks[0].get("power_limit_w"),
         "ranks": len(ranks),
     }
-    return {"overall": overall, "per_step": per_step}
+    return {"overall": overall, "per_step": per_step, "per_rank": per_rank}
+
+
+def prediction(estimate) -> dict | None:
+    """The planner's figures comparable with the measured ones, from a `launch.memory.Estimate` (duck-typed): on
+    GPU the allocated peak, the reserved peak (the total without the CUDA-context/NCCL term, which PyTorch does not
+    count) and the device total; on CPU the peak resident set per process."""
+    if estimate is None:
+        return None
+    if getattr(estimate, "device", "gpu") == "cpu":
+        return {"rss_gib": estimate.gpu_peak_gib, "device": "cpu"}
+    context = sum(t.gib for t in estimate.gpu_terms if t.counted and t.name.startswith("CUDA context"))
+    return {"allocated_gib": estimate.allocated_peak_gib, "reserved_gib": estimate.gpu_peak_gib - context,
+            "device_gib": estimate.gpu_peak_gib, "device": "gpu", "peak_phase": getattr(estimate, "peak_phase", None)}
+
+
+def memory_vs_plan(summary: dict, predicted: dict | None) -> list[dict]:
+    """One row per measured memory figure: each rank's value, the largest, the planner's prediction and the ratio
+    measured / predicted (None where the planner predicts nothing comparable)."""
+    rows = []
+    for key, label, pkey in MEMORY_FIGURES:
+        values = [p.get(key) for p in summary["per_rank"]]
+        if all(v is None for v in values):
+            continue
+        measured = max(v for v in values if v is not None)
+        want = (predicted or {}).get(pkey) if pkey else None
+        rows.append({"what": label, "per_rank_gib": values, "measured_gib": measured, "predicted_gib": want,
+                     "ratio": measured / want if want else None})
+    return rows
+
+
+def report(folder: Path, arch=None, seq_len: int | None = None, estimate=None) -> dict | None:
+    """What the launcher puts under "bench" in run_summary.json: `summarize` plus the planner's prediction beside
+    every measured memory figure. None when no rank wrote measurements."""
+    summary = summarize(folder, arch, seq_len)
+    if summary is None:
+        return None
+    predicted = prediction(estimate)
+    summary["predicted"] = predicted
+    summary["memory_vs_plan"] = memory_vs_plan(summary, predicted)
+    compat = {"cpu_rss_gib": predicted.get("rss_gib"), "gpu_peak_gib": predicted.get("reserved_gib")} if predicted \
+        else None
+    summary["predicted_vs_measured"] = compare_with_plan(summary["overall"], compat, summary["overall"]["device"])
+    return summary
 
 
 def compare_with_plan(measured: dict, predicted: dict | None, device: str) -> dict | None:
@@ -210,27 +411,58 @@ def compare_with_plan(measured: dict, predicted: dict | None, device: str) -> di
     return {"what": what, "predicted_gib": want, "measured_gib": have, "relative_error": (want - have) / have}
 
 
-def format_summary(summary: dict, comparison: dict | None) -> str:
+def _pct(x: float | None) -> str:
+    return f"{100 * x:.1f}%" if x is not None else "-"
+
+
+def format_report(summary: dict, per_step: bool = True) -> str:
+    """The report as printed: overall figures, each rank's memory beside the planner's, and with `per_step` the
+    table of measured steps (a long run without --bench may leave it out)."""
     o = summary["overall"]
     lines = [f"bench: {o['measured_steps']} measured step(s) after {o['warmup_steps']} warm-up, {o['ranks']} rank(s) "
-             f"on {o['device']}"]
-    lines.append(f"  {'step':>5} {'time (s)':>10} {'tokens/s/GPU':>13} {'MFU':>7}")
-    for s in summary["per_step"]:
-        m = f"{100 * s['mfu']:.1f}%" if s["mfu"] is not None else "-"
-        lines.append(f"  {s['step']:>5} {s['time_s']:>10.3f} {s['tokens_per_s_per_gpu']:>13.1f} {m:>7}")
-    if o["step_time_s_median"] is not None:
-        lines.append(f"  overall: step {o['step_time_s_median']:.3f} s (median), "
-                     f"{o['tokens_per_s_per_gpu']:.1f} tokens/s per GPU, MFU "
-                     + (f"{100 * o['mfu']:.1f}%" if o["mfu"] is not None else f"omitted ({o['mfu_note']})"))
-    lines.append(f"  MFU convention: {o['mfu_convention']}")
-    labels = {"peak_allocated_gib": "peak allocated per GPU", "peak_reserved_gib": "peak reserved per GPU",
-              "peak_rss_gib_per_process": "peak RSS per process", "host_used_gib": "host memory in use"}
-    mem = [f"{label} {o[k]:.2f} GiB" for k, label in labels.items() if o.get(k) is not None]
-    lines.append("  memory: " + ", ".join(mem))
-    if comparison:
-        lines.append(f"  planner: {comparison['what']} predicted {comparison['predicted_gib']:.2f} GiB, measured "
-                     f"{comparison['measured_gib']:.2f} GiB ({100 * comparison['relative_error']:+.1f}%)")
+             f"on {o['device']}" + (f" ({o['power_limit_w']:.0f} W limit)" if o.get("power_limit_w") else "")
+             + f"; timing: {o.get('timing', '-')}"]
+    if per_step:
+        lines.append(f"  {'step':>5} {'time (s)':>10} {'tokens/s/GPU':>13} {'MFU':>7} {'MFU causal':>11}")
+    for s in summary["per_step"] if per_step else []:
+        lines.append(f"  {s['step']:>5} {s['time_s']:>10.3f} {s['tokens_per_s_per_gpu']:>13.1f} "
+                     f"{_pct(s['mfu']):>7} {_pct(s.get('mfu_causal')):>11}")
+    if o["tokens_per_s_per_gpu"] is not None:
+        if o["mfu"] is not None:
+            mfu_text = f"MFU {_pct(o['mfu'])} non-causal, {_pct(o.get('mfu_causal'))} causal-discounted"
+        elif o.get("mfu_note"):
+            mfu_text = f"MFU omitted ({o['mfu_note']})"
+        else:
+            mfu_text = "MFU omitted (the model's architecture or the sequence length is unknown)"
+        median = f"step {o['step_time_s_median']:.3f} s (median), " if o["step_time_s_median"] is not None else ""
+        lines.append(f"  overall: {median}{o['tokens_per_s_per_gpu']:.1f} tokens/s per GPU, {mfu_text}")
+    lines.append(f"  MFU {o['mfu_convention']}")
+    lines.append(f"  MFU {o.get('mfu_causal_convention', CONVENTIONS['mfu_causal'])}")
+    rows = summary.get("memory_vs_plan")
+    if rows is None:  # summarize() alone: the measured figures, no prediction
+        rows = memory_vs_plan(summary, None)
+    if rows:
+        n = len(summary["per_rank"])
+        ranks = [f"rank {p.get('rank')}" for p in summary["per_rank"]] if n <= 8 else []
+        head = f"  {'memory (GiB)':<30}" + "".join(f"{r:>9}" for r in ranks) + f"{'max':>9}{'planner':>9}{'ratio':>7}"
+        lines.append(head)
+        for row in rows:
+            cells = "".join(f"{v:>9.2f}" if v is not None else f"{'-':>9}" for v in row["per_rank_gib"]) \
+                if ranks else ""
+            want = f"{row['predicted_gib']:>9.2f}" if row["predicted_gib"] is not None else f"{'-':>9}"
+            ratio = f"{row['ratio']:>7.2f}" if row["ratio"] is not None else f"{'-':>7}"
+            lines.append(f"  {row['what']:<30}{cells}{row['measured_gib']:>9.2f}{want}{ratio}")
+        lines.append("  ratio = measured / planner (launch.memory); planner goal: within 15% of the measured peak")
     return "\n".join(lines)
+
+
+def format_summary(summary: dict, comparison: dict | None) -> str:
+    """The older entry point: `format_report`, plus the one-line comparison of `compare_with_plan`."""
+    text = format_report(summary)
+    if comparison:
+        text += (f"\n  planner: {comparison['what']} predicted {comparison['predicted_gib']:.2f} GiB, measured "
+                 f"{comparison['measured_gib']:.2f} GiB ({100 * comparison['relative_error']:+.1f}%)")
+    return text
 
 
 # ---- bench --max-length auto -------------------------------------------------------------------------------------
@@ -282,3 +514,4 @@ def search_longest(start: int, multiple: int, trial, upper: int | None = None, m
         else:
             bad = mid
     return good, tries
+

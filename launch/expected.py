@@ -2,7 +2,8 @@
 writes into it.
 
 Per profile (`smoke-cpu`, `smoke-gpu`, ...): the invocation it was recorded with, the environment, the per-step
-loss and grad_norm, and two-sided bounds. Judging follows two upstream models:
+loss and grad_norm, and two-sided bounds. A profile's entry may also hold a `first_loss_band` (`launch.sentinel`,
+validated here), and a GPU profile's entry (`full-gpu`) may hold only that. Judging follows two upstream models:
 - TRL's invariant tests: per-step loss and grad_norm against reference values, with a maximum absolute
   difference *and* a mean (signed) drift (`TOLERANCE` below holds TRL's numbers);
 - axolotl's e2e checks: two-sided bounds, i.e. the loss must fall, and the first and last loss must lie in a
@@ -17,6 +18,7 @@ import math
 from pathlib import Path
 
 from launch.errors import LaunchError
+from launch.sentinel import band_problems
 from launch.stepdiff import METRICS
 
 # TRL tests/invariant: loss max |diff| 1e-3 and mean diff 1e-5; grad_norm 1e-1 and 1e-3 (fp32, seed 42).
@@ -65,8 +67,9 @@ def expected_problems(data) -> list[str]:
         if not isinstance(entry, dict):
             out.append(f"`{where}` is not an object")
             continue
+        out += [f"`{where}`: {problem}" for problem in band_problems(entry)]
         if "steps" not in entry and "invocation" not in entry:
-            continue  # a profile entry without recorded steps (e.g. only a loss band for a GPU run)
+            continue  # a profile entry without recorded steps: only a first-loss band (launch.sentinel) for a GPU run
         if not isinstance(entry.get("invocation"), dict):
             out.append(f"`{where}.invocation` is missing or not an object")
         steps = entry.get("steps")

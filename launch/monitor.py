@@ -4,10 +4,14 @@ launcher asks (it sets LAUNCH_MONITOR_DIR; under plain `accelerate launch` nothi
 - Heartbeats: each rank rewrites `<dir>/rank<RANK>.json` with its last event (train_begin, step_begin, step_end,
   train_end) and step, so the launcher can tell a rank that stopped making progress from one that waits for it
   (`launch.supervise.Watchdog`).
-- With `--bench` (LAUNCH_BENCH=<warm-up steps>): `launch.bench.bench_callback`, into `<dir>/bench/`.
+- With LAUNCH_BENCH=<warm-up steps>: `launch.bench.bench_callback`, into `<dir>/bench/`: tokens/s, MFU and memory
+  per rank, cheap enough for every run (no per-step device sync unless LAUNCH_BENCH_SYNC=1; see launch/bench.py).
+- With LAUNCH_FIRST_LOSS_BAND=<band as JSON>: `launch.sentinel.sentinel_callback`, which stops the run (every rank
+  raises) when a first logged loss is outside the band recorded in the recipe's expected_metrics.json.
 
-Rank side: no import of the launcher's other modules, nothing that can fail a training run (a write error is
-ignored: a missing heartbeat can only make the launcher's hang timeout fire later, never earlier).
+Rank side: no import of the launcher's other modules but bench and sentinel, nothing that can fail a training run (a
+write error is ignored: a missing heartbeat can only make the launcher's hang timeout fire later, never earlier)
+except the sentinel, whose purpose is to stop a run.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ import json
 import os
 import time
 from pathlib import Path
+
+from launch.bench import bench_callback  # rank side; bench and sentinel import nothing heavy at module level
+from launch.sentinel import ENV as SENTINEL_ENV  # LAUNCH_FIRST_LOSS_BAND
+from launch.sentinel import sentinel_callback
 
 ENV = "LAUNCH_MONITOR_DIR"
 BENCH_ENV = "LAUNCH_BENCH"
@@ -27,9 +35,9 @@ def add_callbacks(trainer) -> None:
     folder = Path(os.environ[ENV])
     trainer.add_callback(_heartbeat_callback(folder))
     if os.environ.get(BENCH_ENV):
-        from launch.bench import bench_callback
-
         trainer.add_callback(bench_callback(folder / "bench", int(os.environ[BENCH_ENV])))
+    if os.environ.get(SENTINEL_ENV):
+        trainer.add_callback(sentinel_callback(folder=folder))
 
 
 def _heartbeat_callback(folder: Path):

@@ -36,6 +36,9 @@ class Options:
     bench: bool = False  # measure step time, tokens/s, MFU and memory (launch.bench)
     bench_warmup: int = 2  # steps excluded from the measurement
     bench_steps: int | None = None  # measured steps (the run stops after warm-up + these)
+    synthetic: bool = False  # the model's architecture from config.json, random weights and tokens (launch.synthetic)
+    model: str | None = None  # --model: model_name_or_path (a folder with config.json, or a hub id)
+    loss_sentinel: bool = True  # the first-steps loss sentinel, where the recipe records a band (launch.sentinel)
     record: bool = False  # `record`: the invocation is exactly what the command line says, nothing inherited
     extra: list[str] = field(default_factory=list)  # training arguments after `--`, passed on verbatim
     # Multi-node: total machines, this machine's rank, and the rendezvous address of machine rank 0.
@@ -95,6 +98,13 @@ def run_parser(prog: str) -> argparse.ArgumentParser:
                    help="measure step time, tokens/s per GPU, MFU and peak memory (after warm-up) into run_summary.json")
     p.add_argument("--bench-steps", type=int, metavar="N", help="with --bench: stop after warm-up + N steps")
     p.add_argument("--bench-warmup", type=int, default=2, metavar="N", help="with --bench: steps not measured (2)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="the model's architecture from its config.json with random weights, random token rows of "
+                        "max_length: no weights, tokenizer or dataset needed (throughput and memory)")
+    p.add_argument("--model", metavar="DIR_OR_ID", help="model_name_or_path for this run (with --synthetic: a folder "
+                   "holding only config.json is enough)")
+    p.add_argument("--no-loss-sentinel", dest="loss_sentinel", action="store_false",
+                   help="do not stop the run when its first logged losses leave the recipe's recorded band")
     p.add_argument("--dry-run", action="store_true", help="print the command and the effective setup, run nothing")
     m = p.add_argument_group("multi-node (defaults from SLURM_NNODES, SLURM_NODEID, MASTER_ADDR, MASTER_PORT)")
     m.add_argument("--num-machines", type=int, default=optional_int("SLURM_NNODES"))
@@ -125,7 +135,8 @@ def options_from(ns, extra) -> Options:
     return Options(recipe=ns.recipe, smoke=ns.smoke, cpu=ns.cpu, num_processes=ns.num_processes, mesh=mesh_overrides(ns),
                    output_dir=ns.output_dir, max_steps=ns.max_steps, save_steps=ns.save_steps, resume=ns.resume,
                    overwrite=ns.overwrite, force=ns.force, bench=ns.bench, bench_steps=ns.bench_steps,
-                   bench_warmup=ns.bench_warmup, extra=extra, num_machines=ns.num_machines,
+                   bench_warmup=ns.bench_warmup, synthetic=ns.synthetic, model=ns.model,
+                   loss_sentinel=ns.loss_sentinel, extra=extra, num_machines=ns.num_machines,
                    machine_rank=ns.machine_rank, main_process_ip=ns.main_process_ip,
                    main_process_port=port, main_process_port_source=port_source, hang_timeout=ns.hang_timeout,
                    rendezvous_timeout=ns.rendezvous_timeout)

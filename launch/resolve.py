@@ -96,6 +96,10 @@ def resolve(options: Options, progress=print) -> Setup:
         invocation["max_steps"] = options.max_steps
     if options.bench and options.bench_steps is not None:
         invocation["max_steps"] = options.bench_warmup + options.bench_steps
+    if options.synthetic:  # random weights and tokens: never judged as the recorded run
+        invocation["synthetic"] = True
+    if options.model:
+        invocation["model"] = options.model
     for name, size in mesh.items():
         accel_overrides[MESH_KEYS[name]] = int(size)
     if options.cpu:
@@ -119,6 +123,10 @@ def resolve(options: Options, progress=print) -> Setup:
         launcher["max_steps"] = options.bench_warmup + options.bench_steps
     if options.save_steps is not None:
         launcher.update(save_strategy="steps", save_steps=options.save_steps, save_total_limit=2)
+    if options.model:
+        launcher["model_name_or_path"] = options.model
+    if options.synthetic:
+        launcher["synthetic"] = True
     if options.resume:
         launcher["resume_from_checkpoint"] = str(checkpoints.resolve_resume(output_dir, options.resume))
     launcher["output_dir"] = str(output_dir)

@@ -254,9 +254,10 @@ def model_and_data_found(setup, facts: Facts):
 
 
 def missing_inputs(training: dict) -> list[str]:
-    """What model_and_data_found reports: a model or dataset that cannot be found from this machine."""
-    return [p for p in (hub.input_problem(training.get("model_name_or_path"), "model"),
-                        hub.input_problem(training.get("dataset_name"), "dataset")) if p]
+    """What model_and_data_found reports: a model or dataset that cannot be found from this machine. A synthetic
+    run reads no dataset (random token rows) and only the model's config.json."""
+    dataset = None if training.get("synthetic") else hub.input_problem(training.get("dataset_name"), "dataset")
+    return [p for p in (hub.input_problem(training.get("model_name_or_path"), "model"), dataset) if p]
 
 
 def floor_problems(feature_names, versions: dict) -> list[str]:

@@ -10,8 +10,10 @@ import socket
 import time
 from pathlib import Path
 
-from launch import bench, checkpoints, command, doctor, envvars, hub, judge, monitor, outdir, rules, supervise, tracking
+from launch import (bench, checkpoints, command, doctor, envvars, hub, judge, monitor, outdir, rules, sentinel, supervise,
+                    tracking)
 from launch.errors import LaunchError
+from launch.expected import read_expected
 from launch.history import read_history, run_totals, step_metrics
 from launch.machine import gpu_info, gpu_memory_gib, host_memory_gib, installed_versions
 from launch.memory_plan import GPU_MEMORY_GIB, default_target, describe, plan_memory
@@ -91,17 +93,41 @@ def check_writable(path: Path) -> None:
         raise LaunchError(f"The output folder {path} is not writable ({e.strerror}). Pass --output-dir.") from None
 
 
-def child_env(setup, monitor_dir: Path) -> dict:
+def child_env(setup, monitor_dir: Path, sentinel_env: dict | None = None) -> dict:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     env[monitor.ENV] = str(monitor_dir)
+    # every run measures itself (cheap: no per-step GPU sync); --bench syncs at every step for exact step times
+    env[monitor.BENCH_ENV] = str(setup.options.bench_warmup)
     if setup.options.bench:
-        env[monitor.BENCH_ENV] = str(setup.options.bench_warmup)
+        env[bench.SYNC_ENV] = "1"
+    env.update(sentinel_env or {})
     env.update(tracking.env(setup))
     if setup.options.smoke:
         # Smoke runs are offline by construction: the model and the data are local files.
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     return env
+
+
+def loss_sentinel(setup, say=say) -> dict:
+    """The ranks' environment for the first-steps loss sentinel (launch.sentinel): the band recorded for this recipe
+    and profile in expected_metrics.json (checked when it was read), or {} (off: no band, asked off, a synthetic run,
+    or a run set up otherwise than the band was recorded with; each said)."""
+    entry = (read_expected(setup.recipe.expected_metrics_path).get("profiles") or {}).get(setup.profile)
+    band = sentinel.band_of(entry)
+    if not band:
+        return {}
+    if not setup.options.loss_sentinel:
+        say("loss sentinel off (--no-loss-sentinel)")
+    elif setup.options.synthetic:
+        say("loss sentinel off: a synthetic run's random weights start at ln(vocabulary)")
+    elif differences := sentinel.mismatch(band, setup.training):
+        say("loss sentinel off: the band was recorded with other settings: " + "; ".join(differences))
+    else:
+        say(f"loss sentinel: the first {band['steps']} logged loss(es) must lie in [{band['low']:g}, {band['high']:g}] "
+            f"({band['source']})")
+        return sentinel.env_for(entry, recipe=setup.recipe.name, profile=setup.profile)
+    return {}
 
 
 def wait_for_rendezvous(host: str, port: int, timeout: float) -> None:
@@ -155,6 +181,7 @@ def launch(options, dry_run: bool = False) -> int:
     print(command.display(cmd), flush=True)
     for note in setup.notes + (claim.notes if claim else []):
         say(note)
+    sentinel_env = loss_sentinel(setup)
     if dry_run:
         if report.problems:
             raise LaunchError("the plan above would not start:\n\n" + "\n\n".join(report.all))
@@ -174,12 +201,12 @@ def launch(options, dry_run: bool = False) -> int:
     outdir.claim(claim, command=" ".join(cmd), run=checkpoints.identity(setup))
     try:
         check_writable(setup.output_dir)
-        return _run(setup, cmd, record, facts)
+        return _run(setup, cmd, record, facts, sentinel_env)
     finally:
         outdir.release(claim)
 
 
-def _run(setup, cmd, record, facts) -> int:
+def _run(setup, cmd, record, facts, sentinel_env: dict) -> int:
     log_path = setup.output_dir / "launch.log"
     log_start = log_path.stat().st_size if log_path.exists() else 0
     monitor_dir = setup.output_dir / ".launch" / "heartbeat"
@@ -189,7 +216,7 @@ def _run(setup, cmd, record, facts) -> int:
     first = (setup.options.machine_rank or 0) * per_machine
     watchdog = supervise.Watchdog(monitor_dir, list(range(first, first + per_machine)), floor)
     started = time.time()
-    rc, stopped_by = supervise.run(cmd, log_path, env=child_env(setup, monitor_dir), watchdog=watchdog)
+    rc, stopped_by = supervise.run(cmd, log_path, env=child_env(setup, monitor_dir, sentinel_env), watchdog=watchdog)
     wall = time.time() - started
 
     state = setup.output_dir / "trainer_state.json"
@@ -236,27 +263,22 @@ def _run(setup, cmd, record, facts) -> int:
         "verdict": verdict,
         "tracking": tracking.summary(setup),
     }
-    if setup.options.bench:
-        summary["bench"] = bench_report(setup, facts, monitor_dir / "bench")
+    summary["bench"] = bench_report(setup, facts, monitor_dir / "bench")
+    summary["loss_sentinel"] = sentinel.read_verdict(monitor_dir) if sentinel_env else None
     (setup.output_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     say(f"summary: {setup.output_dir / 'run_summary.json'}")
     return status
 
 
 def bench_report(setup, facts, folder: Path) -> dict | None:
-    """--bench: the ranks' measurements combined, next to the planner's prediction for the same run."""
+    """Every run: the ranks' measurements combined (tokens/s per GPU, MFU in both conventions, each rank's peak
+    memory), each memory figure beside the planner's prediction for the same run. The per-step table is printed
+    with --bench."""
     plan = facts.memory
-    arch = plan.arch if plan is not None else None
-    measured = bench.summarize(folder, arch, setup.layout.max_length)
-    if measured is None:
+    report = bench.report(folder, plan.arch if plan else None, setup.layout.max_length,
+                          plan.estimate if plan else None)
+    if report is None:
         say("bench: no rank wrote measurements")
         return None
-    predicted = None
-    if plan is not None:
-        predicted = {"gpu_peak_gib": plan.estimate.gpu_peak_gib, "gpu_allocated_peak_gib": plan.estimate.allocated_peak_gib,
-                     "cpu_rss_gib": plan.estimate.gpu_peak_gib if plan.estimate.device == "cpu" else None,
-                     "host_per_node_gib": plan.estimate.host_per_node_gib, "breakdown": plan.as_json()["breakdown"]}
-    comparison = bench.compare_with_plan(measured["overall"], predicted, measured["overall"]["device"])
-    print(bench.format_summary(measured, comparison), flush=True)
-    return {**measured, "predicted": predicted, "predicted_vs_measured": comparison}
-
+    print(bench.format_report(report, per_step=setup.options.bench), flush=True)
+    return report

@@ -38,6 +38,18 @@ class RecipeArguments:
             "ALST, the largest value over all ranks."
         },
     )
+    synthetic: bool = field(
+        default=False,
+        metadata={
+            "help": "Benchmark without inputs: the model's architecture from its config.json with random weights (no "
+            "weights, tokenizer or dataset is read) trained on rows of exactly max_length random tokens, through the "
+            "same SFTTrainer and distributed setup (launch/synthetic.py). The final model is not saved."
+        },
+    )
+    synthetic_rows: int | None = field(
+        default=None,
+        metadata={"help": "Rows of a synthetic run (made when read). Default: enough for max_steps on every process."},
+    )
     join_documents_min_chars: int = field(
         default=0,
         metadata={
@@ -73,15 +85,24 @@ def main(script_args, training_args, model_args, recipe_args):
         model_init_kwargs.update(training_args.model_init_kwargs)
     training_args.model_init_kwargs = model_init_kwargs
 
-    dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config)
-    if recipe_args.join_documents_min_chars:
-        dataset = join_documents(dataset, training_args.dataset_text_field, recipe_args.join_documents_min_chars)
+    if recipe_args.synthetic:
+        # Random weights for the model's architecture and random rows of exactly max_length tokens; only the model's
+        # config.json is read (launch/synthetic.py). Needs this repository installed, as launch.cpu does.
+        from launch.synthetic import prepare
+
+        model, dataset, processing_class = prepare(model_args, training_args, script_args, recipe_args.synthetic_rows)
+    else:
+        model, processing_class = model_args.model_name_or_path, None  # SFTTrainer loads both
+        dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config)
+        if recipe_args.join_documents_min_chars:
+            dataset = join_documents(dataset, training_args.dataset_text_field, recipe_args.join_documents_min_chars)
 
     trainer = SFTTrainer(
-        model=model_args.model_name_or_path,
+        model=model,
         args=training_args,
         train_dataset=dataset[script_args.dataset_train_split],
         eval_dataset=dataset[script_args.dataset_test_split] if training_args.eval_strategy != "no" else None,
+        processing_class=processing_class,
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
     )
@@ -114,10 +135,11 @@ def main(script_args, training_args, model_args, recipe_args):
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     # trainer_state.json (the per-step log_history) next to the weights, not only inside checkpoints.
     trainer.save_state()
-    # Full weights (gathered from ZeRO-3 / FSDP shards) and the tokenizer, loadable by plain transformers.
-    final_dir = os.path.join(training_args.output_dir, "final")
-    trainer.save_model(final_dir)
-    trainer.accelerator.print(f"Model saved to {final_dir}.")
+    if not recipe_args.synthetic:  # a synthetic run's random weights are not worth saving
+        # Full weights (gathered from ZeRO-3 / FSDP shards) and the tokenizer, loadable by plain transformers.
+        final_dir = os.path.join(training_args.output_dir, "final")
+        trainer.save_model(final_dir)
+        trainer.accelerator.print(f"Model saved to {final_dir}.")
     # Every rank has finished saving before the process group goes away.
     trainer.accelerator.wait_for_everyone()
     trainer.end()

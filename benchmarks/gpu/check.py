@@ -1,0 +1,439 @@
+"""One-GPU check: environment, synthetic throughput and memory against the planner, and ALST's longest length.
+
+Runs the launcher as a user would (`python -m launch ...` subprocesses, from the repository root) and writes one
+Markdown report to benchmarks/results/<gpu>-<date>.md (and the raw rows as .json next to it). Needs no network: the
+models are the config.json files of docs/model_configs/ (synthetic runs: random weights, random tokens).
+
+    python benchmarks/gpu/check.py                      # everything (about 30-40 min on one H100, see README.md)
+    python benchmarks/gpu/check.py --only doctor,throughput --models Qwen3-0.6B,Qwen3-1.7B
+    python benchmarks/gpu/check.py --only alst --alst-timeout 540
+    python benchmarks/gpu/check.py --cpu --tiny          # CPU, a tiny config, 2 steps: the script end to end
+
+Sections (`--only`):
+- doctor: `python -m launch doctor`;
+- throughput: for each model (Qwen3-0.6B/1.7B/4B/8B), length (2,048 and 8,192) and recipe (ddp, zero3), one
+  process: `python -m launch RECIPE --num-processes 1 --bench ...` on synthetic inputs; tokens/s per GPU, MFU in both
+  conventions, peak memory against the planner. A run the planner predicts does not fit is refused by the launcher
+  and reported as such (`--force` runs it anyway);
+- alst: Llama-3.1-8B's architecture on alst-ulysses-8gpu with one process and sp 1 (ZeRO-3 with the optimizer in
+  host memory, tiled MLP, checkpoint offload): `python -m launch bench ... --max-length auto` searches the longest
+  length that trains, beside ALST's published 500K tokens on one H100 and the planner's figure (`python -m launch
+  plan ... --json`). On CPU the search is replaced by the planner's figure and a `--dry-run` (said in the report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "docs" / "model_configs"
+RESULTS = REPO / "benchmarks" / "results"
+MODELS = {"Qwen3-0.6B": "Qwen--Qwen3-0.6B", "Qwen3-1.7B": "Qwen--Qwen3-1.7B", "Qwen3-4B": "Qwen--Qwen3-4B",
+          "Qwen3-8B": "Qwen--Qwen3-8B"}
+ALST_MODEL = "meta-llama--Llama-3.1-8B-Instruct"
+ALST_RECIPE = "alst-ulysses-8gpu"
+ALST_PUBLISHED = (500_000, "ALST (arXiv 2506.13996): Llama-3.1-8B, 500K tokens on 1 H100 80GB")
+PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "trl", "datasets", "flash-attn", "kernels")
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# The tiny model of --tiny: the smoke model's shape (Qwen3, 4 query and 2 KV heads), a vocabulary of 256
+TINY_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64,
+               "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 16, "max_position_embeddings": 4096, "vocab_size": 256, "tie_word_embeddings": True,
+               "rope_theta": 1000000.0, "torch_dtype": "bfloat16"}
+
+def synthetic(model_dir: Path) -> tuple[list[str], list[str]]:
+    """(launcher options, training arguments after `--`) of a synthetic run of the model in model_dir."""
+    return ["--synthetic", "--model", str(model_dir)], []
+
+
+# ---- running the launcher -------------------------------------------------------------------------------------------
+def launch(args: list[str], timeout: float, echo=None) -> tuple[int | None, str, float]:
+    """`python -m launch ARGS` from the repository root: (exit status or None on timeout, output, seconds). Output
+    is passed line by line to `echo` (e.g. print) as it comes."""
+    import threading
+
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "launch", *map(str, args)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, **OFFLINE},
+                            start_new_session=True)
+    lines: list[str] = []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if echo:
+                echo(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        rc = None
+    reader.join(timeout=10)
+    return rc, "".join(lines), time.monotonic() - started
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the launcher (it stops its ranks), SIGKILL to its process group after 60 s."""
+    import signal
+
+    try:
+        proc.terminate()
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def last_lines(text: str, n: int = 3) -> str:
+    keep = [ln.strip() for ln in text.splitlines() if ln.strip() and "Warning" not in ln and "return func" not in ln]
+    return " / ".join(keep[-n:])
+
+
+# ---- environment ----------------------------------------------------------------------------------------------------
+def environment(cpu: bool) -> dict:
+    env = {"date": dt.date.today().isoformat(), "host": os.uname().nodename, "python": sys.version.split()[0],
+           "versions": {}}
+    for name in PACKAGES:
+        try:
+            env["versions"][name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            env["versions"][name] = None
+    env["cuda"] = env["cudnn"] = env["gpu"] = None
+    if not cpu:
+        probe = subprocess.run([sys.executable, "-c", "import json, torch; print(json.dumps([torch.version.cuda, "
+                                "torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None]))"],
+                               capture_output=True, text=True)
+        env["cuda"], env["cudnn"] = json.loads(probe.stdout) if probe.returncode == 0 else (None, None)
+    if not cpu and shutil.which("nvidia-smi"):
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,power.limit,memory.total",
+                            "--format=csv,noheader,nounits"], capture_output=True, text=True)
+        if q.returncode == 0 and q.stdout.strip():
+            name, driver, power, mem = [x.strip() for x in q.stdout.strip().splitlines()[0].split(",")]
+            env["gpu"] = {"name": name, "driver": driver, "power_limit_w": power, "memory_mib": mem,
+                          "count": len(q.stdout.strip().splitlines())}
+    return env
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+# ---- sections -------------------------------------------------------------------------------------------------------
+def run_doctor(cpu: bool, timeout: float) -> dict:
+    rc, out, secs = launch(["doctor"] + (["--cpu"] if cpu else []), timeout)
+    problems = [ln.strip() for ln in out.splitlines() if "PROBLEM" in ln or ln.strip().startswith("problem")]
+    return {"rc": rc, "seconds": round(secs, 1), "problems": problems, "tail": last_lines(out, 4)}
+
+
+def _figure(bench: dict, what: str, measured_key: str, legacy_key: str | None):
+    """(measured, predicted, ratio) of one memory figure: from the launcher's memory_vs_plan rows when it has them,
+    else from the older run_summary fields."""
+    for row in bench.get("memory_vs_plan") or []:
+        if row["what"] == what:
+            return row["measured_gib"], row["predicted_gib"], row["ratio"]
+    measured = (bench.get("overall") or {}).get(measured_key)
+    predicted = (bench.get("predicted") or {}).get(legacy_key) if legacy_key else None
+    return measured, predicted, (measured / predicted if measured and predicted else None)
+
+
+def run_throughput(model: str, model_dir: Path, recipe: str, length: int, a, work: Path) -> dict:
+    out = work / f"{recipe}-{slug(model)}-{length}"
+    options, training = synthetic(model_dir)
+    args = [recipe, "--num-processes", "1", "--output-dir", out, "--overwrite", "--bench", "--bench-warmup",
+            a.warmup, "--bench-steps", a.steps, *options]
+    args += ["--cpu"] if a.cpu else []
+    args += ["--force"] if a.force else []
+    args += ["--", *training, "--max_length", length, "--logging_steps", "1"]
+    if a.batch:
+        args += ["--per_device_train_batch_size", a.batch]
+    rc, text, secs = launch(args, a.timeout, echo=print if a.verbose else None)
+    row = {"model": model, "recipe": recipe, "max_length": length, "rc": rc, "seconds": round(secs, 1),
+           "command": "python -m launch " + " ".join(map(str, args))}
+    summary_path = out / "run_summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() and rc is not None else {}
+    bench = summary.get("bench") or {}
+    o = bench.get("overall") or {}
+    if rc == 0 and o:
+        row.update(result="trains", tokens_per_s_per_gpu=o.get("tokens_per_s_per_gpu"), mfu=o.get("mfu"),
+                   mfu_causal=o.get("mfu_causal"), step_s=o.get("step_time_s_mean"), mfu_note=o.get("mfu_note"),
+                   tokens_per_step=_tokens_per_step(bench))
+        gpu = o.get("device") != "cpu"
+        figures = ([("peak allocated (torch)", "peak_allocated_gib", "gpu_allocated_peak_gib"),
+                    ("peak reserved (torch)", "peak_reserved_gib", None),
+                    ("device memory in use (driver)", "device_used_gib", "gpu_peak_gib")] if gpu else
+                   [("peak RSS per process", "peak_rss_gib_per_process", "cpu_rss_gib")])
+        row["memory"] = {what: _figure(bench, what, key, legacy) for what, key, legacy in figures}
+    elif rc is None:
+        row["result"] = f"timed out after {a.timeout:.0f} s"
+    elif any(m in text for m in ("OutOfMemoryError", "CUDA out of memory")):
+        row["result"] = "out of memory"
+    elif m := REFUSED.search(text):
+        row["result"] = f"refused: the planner predicts {m.group(1)} GiB, the GPU has {m.group(2)} (--force runs it)"
+    else:
+        row["result"] = f"failed (exit {rc}): {last_lines(text, 2)}"
+    return row
+
+
+REFUSED = re.compile(r"The planner predicts ([\d.]+) GiB per GPU and the GPUs here have ([\d.]+) GiB")
+
+
+def _tokens_per_step(bench: dict) -> float | None:
+    steps = bench.get("per_step") or []
+    if not steps:
+        return None
+    s = steps[-1]
+    return round(s["tokens_per_s_per_gpu"] * s["time_s"])
+
+
+def plan_json(recipe: str, model_dir: Path, length: int | str, a, gpus: int = 1, extra: list | None = None) -> dict:
+    args = ["plan", recipe, "--gpus", gpus, "--model", model_dir, "--max-length", length, "--json", *(extra or [])]
+    if a.gpu_memory:
+        args += ["--gpu-memory", a.gpu_memory]
+    rc, text, _ = launch(args, 300)
+    try:
+        start = text.index("{")
+        return json.loads(text[start:text.rindex("}") + 1])
+    except ValueError:
+        return {"error": last_lines(text, 2), "rc": rc}
+
+
+BENCH_TRY = re.compile(r"\[launch\] bench: ([\d,]+) tokens: (.*)")
+BENCH_LONGEST = re.compile(r"longest length that trains here: ([\d,]+) \(planner: ([\d,]+)\)")
+
+
+def run_alst(model_dir: Path, a, work: Path) -> dict:
+    mesh = ["--num-processes", "1", "--sp-size", "1"]
+    planner = plan_json(ALST_RECIPE, model_dir, "auto", a, gpus=1, extra=["--sp-size", "1"])
+    row = {"recipe": ALST_RECIPE, "model": "Llama-3.1-8B", "planner": planner, "published": ALST_PUBLISHED}
+    if a.cpu:
+        # No search on CPU: out-of-memory on a GPU is what it looks for. A dry run shows the one-GPU layout is valid.
+        tiny, _ = tiny_model(work)
+        options, training = synthetic(tiny)
+        args = [ALST_RECIPE, *mesh, "--cpu", "--dry-run", "--output-dir", work / "alst-dry", *options, "--",
+                *training, "--max_length", 256]
+        rc, text, secs = launch(args, a.timeout)
+        row.update(mode="cpu: planner's figure and a dry run (no search: it needs a GPU)", rc=rc,
+                   seconds=round(secs, 1), dry_run_tail=last_lines(text, 2), command="python -m launch " +
+                   " ".join(map(str, args)))
+        return row
+    options, training = synthetic(model_dir)
+    if a.alst_lengths:
+        return run_alst_lengths(row, mesh, options, training, a, work)
+    args = ["bench", ALST_RECIPE, "--max-length", "auto", *mesh, "--bench-warmup", "0", *options, "--", *training]
+    tries = []
+
+    def echo(line):
+        if m := BENCH_TRY.search(line):
+            tries.append((int(m.group(1).replace(",", "")), m.group(2)))
+            print(f"  alst: {line.strip()}", flush=True)
+
+    rc, text, secs = launch(args, a.alst_timeout, echo=echo)
+    m = BENCH_LONGEST.search(text)
+    trained = [n for n, d in tries if d.startswith("trains")]
+    row.update(mode="gpu: python -m launch bench --max-length auto", rc=rc, seconds=round(secs, 1), tries=tries,
+               longest=int(m.group(1).replace(",", "")) if m else (max(trained) if trained else None),
+               complete=m is not None, command="python -m launch " + " ".join(map(str, args)))
+    return row
+
+
+def run_alst_lengths(row: dict, mesh: list, options: list, training: list, a, work: Path) -> dict:
+    """--alst-lengths: one real step at each given length (no search), each within --timeout."""
+    tries, longest = [], None
+    for length in map(int, a.alst_lengths.split(",")):
+        out = work / f"alst-{length}"
+        args = [ALST_RECIPE, *mesh, "--output-dir", out, "--overwrite", "--bench", "--bench-warmup", "0",
+                "--bench-steps", "1", "--force", *options, "--", *training, "--max_length", length]
+        rc, text, secs = launch(args, a.timeout)
+        summary = json.loads((out / "run_summary.json").read_text()) if (out / "run_summary.json").is_file() else {}
+        o = (summary.get("bench") or {}).get("overall") or {}
+        if rc == 0:
+            detail = (f"trains ({o.get('step_time_s_mean') or 0:.0f} s/step, {o.get('peak_reserved_gib') or 0:.1f} "
+                      f"GiB reserved)")
+            longest = max(longest or 0, length)
+        elif rc is None:
+            detail = f"no step within {a.timeout:.0f} s"
+        elif any(m in text for m in ("OutOfMemoryError", "CUDA out of memory")):
+            detail = "out of memory"
+        else:
+            detail = f"failed (exit {rc})"
+        tries.append((length, detail))
+        print(f"  alst: {length:,} tokens: {detail} ({secs:.0f} s)", flush=True)
+    row.update(mode="gpu: one step per length of --alst-lengths (no search)", tries=tries, longest=longest,
+               complete=True, rc=0, seconds=None)
+    return row
+
+
+def tiny_model(work: Path) -> tuple[Path, str]:
+    folder = work / "tiny-qwen3"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(TINY_CONFIG, indent=2))
+    return folder, "tiny Qwen3 (2 layers, hidden 64)"
+
+
+# ---- the report -----------------------------------------------------------------------------------------------------
+def _pct(x) -> str:
+    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "-"
+
+
+def _mem(fig) -> str:
+    if not fig or fig[0] is None:
+        return "-"
+    measured, predicted, ratio = fig
+    return f"{measured:.1f}" + (f" ({predicted:.1f}, {ratio:.2f})" if predicted else " (-)")
+
+
+def markdown(env: dict, doctor: dict | None, rows: list[dict], alst: dict | None, a, argv: list[str]) -> str:
+    gpu = env["gpu"]
+    title = gpu["name"] if gpu else "CPU (no GPU: the script's own check, no GPU figures)"
+    v = env["versions"]
+    lines = [f"# One-GPU check: {title}, {env['date']}", ""]
+    if gpu:
+        lines.append(f"GPU: {gpu['name']} x{gpu['count']} ({gpu['memory_mib']} MiB, power limit "
+                     f"{gpu['power_limit_w']} W), driver {gpu['driver']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}.")
+    lines.append("Versions: python " + env["python"] + ", " + ", ".join(f"{k} {v[k]}" for k in PACKAGES if v.get(k))
+                 + ("; not installed: " + ", ".join(k for k in PACKAGES if not v.get(k)) if not all(v.values()) else "")
+                 + ".")
+    lines.append(f"Command: `python benchmarks/gpu/check.py {' '.join(argv)}` (host {env['host']}).")
+    if doctor:
+        lines.append(f"Doctor (`python -m launch doctor`): exit {doctor['rc']}"
+                     + (f"; problems: {'; '.join(doctor['problems'])}" if doctor["problems"] else "; no problems"))
+    if rows:
+        lines += ["", f"## Throughput and memory (synthetic inputs, one process, {a.warmup} warm-up + {a.steps} "
+                      "measured steps)", "",
+                  "Memory cells: measured GiB (planner's prediction, measured / predicted). MFU against the GPU's "
+                  "dense BF16 peak; non-causal = 6N + 12·L·H·d·S FLOPs per token (torchtitan, llm-foundry), causal = "
+                  "6N + 6·L·H·d·S (TRL PR #6846); recomputation not counted.", ""]
+        if rows and any(r.get("memory", {}).get("peak RSS per process") for r in rows):
+            head = "| model | recipe | max_length | tokens/step | step (s) | tokens/s/GPU | MFU non-causal | " \
+                   "MFU causal | peak RSS per process | result |"
+            keys = ["peak RSS per process"]
+        else:
+            head = "| model | recipe | max_length | tokens/step | step (s) | tokens/s/GPU | MFU non-causal | " \
+                   "MFU causal | peak allocated | peak reserved | device in use | result |"
+            keys = ["peak allocated (torch)", "peak reserved (torch)", "device memory in use (driver)"]
+        lines += [head, "|" + "---|" * (head.count("|") - 1)]
+        for r in rows:
+            mem = r.get("memory") or {}
+            tps = f"{r['tokens_per_s_per_gpu']:,.0f}" if r.get("tokens_per_s_per_gpu") else "-"
+            step = f"{r['step_s']:.3f}" if r.get("step_s") else "-"
+            tokens = f"{r['tokens_per_step']:,}" if r.get("tokens_per_step") else "-"
+            result = r["result"]
+            cells = [r["model"], r["recipe"], f"{r['max_length']:,}", tokens, step, tps, _pct(r.get("mfu")),
+                     _pct(r.get("mfu_causal")), *(_mem(mem.get(k)) for k in keys), result]
+            lines.append("| " + " | ".join(cells) + " |")
+        notes = {r["mfu_note"] for r in rows if r.get("mfu_note")}
+        lines += [""] + [f"MFU not given: {n}." for n in sorted(notes)] if notes else []
+    if alst:
+        p = alst["planner"]
+        lines += ["", "## Longest length on one GPU (ALST setup: Llama-3.1-8B architecture, alst-ulysses-8gpu with 1 "
+                      "process and sp 1: ZeRO-3 with the optimizer in host memory, tiled MLP, checkpoint offload)", "",
+                  "| source | longest max_length | note |", "|---|---|---|",
+                  f"| published | {ALST_PUBLISHED[0]:,} | {ALST_PUBLISHED[1]} |"]
+        if "max_length" in p:
+            lines.append(f"| planner (`python -m launch plan {ALST_RECIPE} --gpus 1 --sp-size 1 --max-length auto "
+                         f"--json`) | {p['max_length']:,} | {p['gpu_peak_gib']:.1f} GiB per GPU predicted, "
+                         f"{p['host_peak_gib']:.0f} GiB host, target {p['target']['gpu_memory_gib']} GiB GPU |")
+        else:
+            lines.append(f"| planner | - | {p.get('error')} |")
+        if alst["mode"].startswith("cpu"):
+            lines.append(f"| measured | - | not searched on CPU (out-of-memory on a GPU is what the search looks "
+                         f"for); `--dry-run` of the one-GPU layout on the tiny model: exit {alst['rc']} |")
+        else:
+            tries = ", ".join(f"{n:,} {d}" for n, d in alst["tries"]) or "none finished"
+            state = "" if alst["complete"] else f" (search stopped after {alst['seconds']:.0f} s: --alst-timeout)"
+            longest = f"{alst['longest']:,}" if alst["longest"] else "-"
+            how = "--alst-lengths" if alst["mode"].startswith("gpu: one step") else "`python -m launch bench ... " \
+                "--max-length auto`"
+            lines.append(f"| measured ({how}) | {longest} | tries: {tries}{state} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- main -----------------------------------------------------------------------------------------------------------
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cpu", action="store_true", help="run on CPU (with --tiny: the script's own end-to-end check)")
+    p.add_argument("--tiny", action="store_true", help="a tiny model config instead of the Qwen3 ones, 2 steps, 64 "
+                   "tokens")
+    p.add_argument("--only", default="doctor,throughput,alst", help="sections, comma-separated")
+    p.add_argument("--models", default=",".join(MODELS), help="of " + ", ".join(MODELS))
+    p.add_argument("--lengths", default="2048,8192")
+    p.add_argument("--recipes", default="ddp,zero3")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up steps per run (not measured)")
+    p.add_argument("--steps", type=int, default=5, help="measured steps per run")
+    p.add_argument("--batch", type=int, help="per_device_train_batch_size (default: the recipe's)")
+    p.add_argument("--force", action="store_true", help="run also what the planner predicts does not fit")
+    p.add_argument("--gpu-memory", type=float, help="plan for this GPU memory in GiB (default: the planner's 79.1)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per launcher run")
+    p.add_argument("--alst-timeout", type=float, default=4 * 3600, help="seconds for the whole ALST search")
+    p.add_argument("--alst-lengths", help="instead of the search: one step at each of these lengths (comma-"
+                   "separated), each within --timeout")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder of the report")
+    p.add_argument("--work", type=Path, help="folder of the runs (default: a temporary one, removed)")
+    p.add_argument("--verbose", action="store_true", help="stream the runs' output")
+    a = p.parse_args(argv)
+    if a.tiny:
+        a.lengths = "64"
+        a.warmup, a.steps = 1, 1
+        a.models = "tiny"
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    a = parse(argv)
+    only = set(a.only.split(","))
+    work = a.work or Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = environment(a.cpu)
+    if not a.cpu and not env["gpu"]:
+        print("no GPU found (nvidia-smi): pass --cpu --tiny to check the script on CPU", file=sys.stderr)
+        return 2
+    print(f"[check] {env['gpu']['name'] if env['gpu'] else 'CPU'}; runs in {work}", flush=True)
+    doctor = rows = alst = None
+    if "doctor" in only:
+        doctor = run_doctor(a.cpu, a.timeout)
+        print(f"[check] doctor: exit {doctor['rc']}", flush=True)
+    if "throughput" in only:
+        rows = []
+        models = {"tiny": tiny_model(work)[0]} if a.tiny else {m: CONFIGS / MODELS[m] for m in a.models.split(",")}
+        for model, folder in models.items():
+            for length in map(int, a.lengths.split(",")):
+                for recipe in a.recipes.split(","):
+                    row = run_throughput(model, folder, recipe, length, a, work)
+                    rows.append(row)
+                    print(f"[check] {model} {recipe} {length}: {row['result']}, "
+                          f"{row.get('tokens_per_s_per_gpu') or 0:,.0f} tokens/s/GPU, MFU {_pct(row.get('mfu'))} "
+                          f"non-causal, {_pct(row.get('mfu_causal'))} causal ({row['seconds']} s)", flush=True)
+    if "alst" in only:
+        alst = run_alst(CONFIGS / ALST_MODEL, a, work)
+        print(f"[check] alst: {alst['mode']}; planner {alst['planner'].get('max_length')}, measured "
+              f"{alst.get('longest')}", flush=True)
+    name = (slug(env["gpu"]["name"]) if env["gpu"] else "cpu" + ("-tiny" if a.tiny else "")) + f"-{env['date']}"
+    a.out.mkdir(parents=True, exist_ok=True)
+    report = a.out / f"{name}.md"
+    report.write_text(markdown(env, doctor, rows or [], alst, a, argv))
+    (a.out / f"{name}.json").write_text(json.dumps({"environment": env, "doctor": doctor, "throughput": rows,
+                                                    "alst": alst, "argv": argv}, indent=2, default=str) + "\n")
+    print(f"[check] report: {report}", flush=True)
+    if a.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+    failed = [r for r in rows or [] if r["result"] != "trains" and not r["result"].startswith("refused")]
+    return 1 if failed or (doctor and doctor["rc"] not in (0,)) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

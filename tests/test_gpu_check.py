@@ -1,0 +1,107 @@
+"""benchmarks/gpu/check.py end to end on CPU (`--cpu --tiny`: a tiny Qwen3 config, one process, 1 warm-up + 1
+measured step, 64 tokens; the ALST search replaced by the planner's figure and a dry run), and its report's format
+for GPU rows, which this machine cannot produce."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu" / "check.py"
+
+
+def load_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny_check(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu-check")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--tiny", "--out", str(root / "results"),
+                           "--work", str(root / "work")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    return proc, root
+
+
+def test_the_tiny_check_runs_end_to_end_on_cpu(tiny_check):
+    proc, root = tiny_check
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    stem = f"cpu-tiny-{dt.date.today().isoformat()}"
+    report = (root / "results" / f"{stem}.md").read_text()
+    raw = json.loads((root / "results" / f"{stem}.json").read_text())
+    # environment and doctor
+    assert raw["environment"]["versions"]["torch"] and raw["doctor"]["rc"] == 0
+    assert "Versions: python" in report and "Doctor (`python -m launch doctor`): exit 0" in report
+    # throughput: ddp and ZeRO-3, one process each, through `python -m launch` on synthetic inputs
+    rows = {r["recipe"]: r for r in raw["throughput"]}
+    assert set(rows) == {"ddp", "zero3"}
+    for recipe, row in rows.items():
+        assert row["result"] == "trains", row
+        assert row["command"].startswith(f"python -m launch {recipe} --num-processes 1")
+        assert "--synthetic" in row["command"]
+        assert row["tokens_per_s_per_gpu"] > 0 and row["tokens_per_step"] == 4 * 64  # 4 rows of exactly 64
+        assert row["mfu"] is None and "CPU" in row["mfu_note"]
+        measured, predicted, ratio = row["memory"]["peak RSS per process"]
+        assert measured > 0 and predicted > 0 and ratio == pytest.approx(measured / predicted)
+        assert (root / "work" / f"{recipe}-tiny-64" / "run_summary.json").is_file()
+    assert "| tiny | ddp | 64 | 256 |" in report and "| tiny | zero3 | 64 | 256 |" in report
+    assert "MFU not given: a CPU run has no GPU peak to compare with." in report
+    # ALST: no search on CPU, said so; the planner's figure for the real Llama-3.1-8B config on one 80 GB GPU
+    alst = raw["alst"]
+    assert alst["mode"].startswith("cpu") and alst["rc"] == 0  # the one-GPU layout passes the launcher's checks
+    assert 250_000 < alst["planner"]["max_length"] < 1_000_000
+    assert "| published | 500,000 |" in report and "not searched on CPU" in report
+    assert f"| {alst['planner']['max_length']:,} |" in report
+
+
+def test_the_check_uses_the_launchers_synthetic_option(tmp_path, capsys):
+    """`--synthetic --model DIR`: a folder holding only config.json is enough; the dataset is not looked for; the run
+    is marked synthetic (never judged as the recorded one)."""
+    from launch.__main__ import main
+    from launch.options import Options
+    from launch.resolve import resolve
+
+    check = load_check()
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(check.TINY_CONFIG))
+    assert check.synthetic(folder) == (["--synthetic", "--model", str(folder)], [])
+    rc = main(["zero3", "--smoke", "--cpu", "--synthetic", "--model", str(folder), "--dry-run", "--",
+               "--dataset_name", "no/such-dataset"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err[-2000:]
+    assert f"--model_name_or_path {folder}" in out.out and "--synthetic true" in out.out
+    setup = resolve(Options(recipe="zero3", smoke=True, cpu=True, synthetic=True, model=str(folder)),
+                    progress=lambda *_: None)
+    assert setup.invocation["synthetic"] is True and setup.invocation["model"] == str(folder)
+
+
+def test_a_gpu_report_shows_mfu_and_memory_beside_the_planner():
+    check = load_check()
+    env = {"date": "2026-11-24", "host": "h", "python": "3.12.3", "cuda": "13.0", "cudnn": 92000,
+           "versions": {k: "1.0" for k in check.PACKAGES},
+           "gpu": {"name": "NVIDIA H100 80GB HBM3", "driver": "580.65", "power_limit_w": "700.00",
+                   "memory_mib": "81559", "count": 1}}
+    row = {"model": "Qwen3-0.6B", "recipe": "ddp", "max_length": 2048, "result": "trains", "tokens_per_step": 8192,
+           "step_s": 0.25, "tokens_per_s_per_gpu": 32768.0, "mfu": 0.452, "mfu_causal": 0.421,
+           "memory": {"peak allocated (torch)": (20.0, 21.0, 20 / 21), "peak reserved (torch)": (22.0, 21.4, 22 / 21.4),
+                      "device memory in use (driver)": (23.0, 21.9, 23 / 21.9)}}
+    refused = {"model": "Qwen3-8B", "recipe": "ddp", "max_length": 8192,
+               "result": "refused: the planner predicts 96.3 GiB, the GPU has 79.1 (--force runs it)"}
+    a = check.parse([])
+    text = check.markdown(env, None, [row, refused], None, a, [])
+    assert text.startswith("# One-GPU check: NVIDIA H100 80GB HBM3, 2026-11-24")
+    assert "power limit 700.00 W), driver 580.65, CUDA 13.0" in text
+    assert ("| Qwen3-0.6B | ddp | 2,048 | 8,192 | 0.250 | 32,768 | 45.2% | 42.1% | 20.0 (21.0, 0.95) | "
+            "22.0 (21.4, 1.03) | 23.0 (21.9, 1.05) | trains |") in text
+    assert "| Qwen3-8B | ddp | 8,192 | - | - | - | - | - | - | - | - | refused: the planner predicts 96.3 GiB" in text
+    assert check.REFUSED.search("The planner predicts 96.3 GiB per GPU and the GPUs here have 79.1 GiB: ...")

@@ -1,0 +1,211 @@
+"""The first-steps loss sentinel (launch/sentinel.py): the band's schema, what the launcher hands the ranks, the
+callback's checks, and two real CPU runs through `python -m launch` with a band recorded from the right setup: a run
+broken on purpose (the model's RoPE changed, the trap of TRL PR #6846) stops after its first logged step on every
+rank with the message, and the right setup passes.
+
+The smoke model is random (its first loss is ln(64) whatever the RoPE), so the module trains it first, in-process,
+for a few seconds on the smoke data (sorting number words), until its loss depends on positions."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from helpers.launcher import launch_in_process
+from launch import sentinel
+from launch.recipes import RECIPES_DIR
+
+REPO = Path(__file__).resolve().parents[1]
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+GOOD = {"steps": 1, "low": 3.0, "high": 6.0, "source": "TRL PR #6846: 4.4 with YaRN, 10.6 without"}
+# The broken setup: linear RoPE scaling x8 on a model trained without it (positions squeezed 8-fold)
+WRONG_ROPE = {"rope_parameters": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0}}
+
+
+# ---- schema ---------------------------------------------------------------------------------------------------------
+def test_a_valid_band_and_no_band_have_no_problems():
+    assert sentinel.band_problems({"first_loss_band": GOOD}) == []
+    assert sentinel.band_problems({"first_loss_band": {**GOOD, "recorded_with": {"max_length": 1048576}}}) == []
+    assert sentinel.band_problems({"steps": {"loss": [1.0]}}) == []  # a smoke entry without a band
+    assert sentinel.band_problems(None) == []
+
+
+@pytest.mark.parametrize("band,expected", [
+    ({**GOOD, "low": float("nan")}, "low must be a finite number"),
+    (json.loads('{"steps": 1, "low": 3.0, "high": NaN, "source": "x"}'), "high must be a finite number"),
+    ({**GOOD, "high": float("inf")}, "high must be a finite number"),
+    ({**GOOD, "low": "3"}, "low must be a finite number"),
+    ({**GOOD, "low": True}, "low must be a finite number"),
+    ({**GOOD, "low": 6.0, "high": 3.0}, "must be below"),
+    ({**GOOD, "low": -1.0}, "must be >= 0"),
+    ({**GOOD, "steps": 0}, "steps must be an integer >= 1"),
+    ({**GOOD, "steps": 1.5}, "steps must be an integer >= 1"),
+    ({**GOOD, "source": " "}, "source must say where"),
+    ({k: v for k, v in GOOD.items() if k != "high"}, "high is missing"),
+    ({**GOOD, "hgih": 5.0}, "hgih is not a known key"),
+    ({**GOOD, "recorded_with": [1]}, "recorded_with must be an object"),
+    ([3.0, 6.0], "must be an object"),
+])
+def test_band_problems_are_named(band, expected):
+    problems = sentinel.band_problems({"first_loss_band": band})
+    assert any(expected in p for p in problems), problems
+
+
+def test_env_for_hands_the_band_to_the_ranks_and_refuses_an_invalid_one():
+    env = sentinel.env_for({"first_loss_band": GOOD}, recipe="ring-cp-8gpu", profile="full-gpu")
+    assert list(env) == [sentinel.ENV]
+    assert json.loads(env[sentinel.ENV]) == {**GOOD, "recipe": "ring-cp-8gpu", "profile": "full-gpu"}
+    assert sentinel.env_for({"steps": {}}) == {}
+    with pytest.raises(ValueError, match="finite number"):
+        sentinel.env_for({"first_loss_band": {**GOOD, "low": float("nan")}})
+
+
+def test_mismatch_names_what_the_band_was_not_recorded_with():
+    band = {**GOOD, "recorded_with": {"max_length": 1048576, "model_name_or_path": "Qwen/Qwen3-8B"}}
+    assert sentinel.mismatch(band, {"max_length": 1048576, "model_name_or_path": "Qwen/Qwen3-8B"}) == []
+    assert sentinel.mismatch(band, {"max_length": 8192, "model_name_or_path": "Qwen/Qwen3-8B"}) == [
+        "max_length: recorded with 1048576, this run has 8192"]
+
+
+# ---- the callback ---------------------------------------------------------------------------------------------------
+def _log(cb, step, logs):
+    cb.on_log(None, SimpleNamespace(global_step=step), None, logs=logs)
+
+
+def test_the_callback_stops_on_the_first_logged_loss_outside_the_band(tmp_path):
+    cb = sentinel.sentinel_callback({**GOOD, "recipe": "ring-cp-8gpu", "profile": "full-gpu"}, folder=tmp_path)
+    _log(cb, 0, {"eval_loss": 99.0})  # not a training loss: ignored
+    with pytest.raises(sentinel.FirstLossError) as err:
+        _log(cb, 1, {"loss": 10.6, "grad_norm": 3.0})
+    first_line = str(err.value).splitlines()[0]
+    assert "10.6 at step 1" in first_line and "[3, 6]" in first_line and "ring-cp-8gpu full-gpu" in first_line
+    for trap in ("RoPE scaling not applied", "packing across documents", "wrong dtype or precision",
+                 "wrong chat template or labels"):
+        assert trap in first_line
+    verdict = sentinel.read_verdict(tmp_path)
+    assert verdict["verdict"] == "stopped" and verdict["losses"] == [{"step": 1, "loss": 10.6}]
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf"), 2.99])
+def test_nan_infinite_and_low_losses_stop_too(loss):
+    cb = sentinel.sentinel_callback(GOOD)
+    with pytest.raises(sentinel.FirstLossError):
+        _log(cb, 1, {"loss": loss})
+
+
+def test_only_the_first_steps_logs_are_checked(tmp_path):
+    cb = sentinel.sentinel_callback({**GOOD, "steps": 2}, folder=tmp_path)
+    _log(cb, 10, {"loss": 4.4})
+    _log(cb, 20, {"loss": 5.9})
+    _log(cb, 30, {"loss": 42.0})  # past the checked logs: training may go anywhere later
+    verdict = sentinel.read_verdict(tmp_path)
+    assert verdict["verdict"] == "passed" and [x["step"] for x in verdict["losses"]] == [10, 20]
+
+
+# ---- real runs -------------------------------------------------------------------------------------------------------
+def _first_losses(model_dir, rope=None, n=64):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from launch import smoke
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = [json.loads(line) for line in open(Path(smoke.data_dir()) / "train.jsonl")][:n]
+    ids = [tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"] for r in rows]
+    length = max(map(len, ids))
+    x = torch.full((len(ids), length), tokenizer.pad_token_id)
+    labels = torch.full((len(ids), length), -100)
+    for i, s in enumerate(ids):
+        x[i, :len(s)] = labels[i, :len(s)] = torch.tensor(s)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **(rope or {}))
+    with torch.no_grad():
+        return model(input_ids=x, labels=labels).loss.item()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The smoke model trained for 200 steps in-process (about 3 s): its loss now depends on positions. Returns the
+    folder and the band recorded from the right setup: from half its loss to halfway to the broken setup's."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from launch import smoke
+
+    assets = smoke.ensure_smoke_assets(progress=lambda *_: None)
+    tokenizer = AutoTokenizer.from_pretrained(assets["model"])
+    rows = [json.loads(line) for line in open(Path(assets["data"]) / "train.jsonl")]
+    ids = [tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"] for r in rows]
+    length = max(map(len, ids))
+    x = torch.full((len(ids), length), tokenizer.pad_token_id)
+    labels = torch.full((len(ids), length), -100)
+    for i, s in enumerate(ids):
+        x[i, :len(s)] = labels[i, :len(s)] = torch.tensor(s)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 0.1M-parameter model: one thread, no spinning against the other processes
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(assets["model"], dtype=torch.float32)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        for _ in range(200):
+            batch = torch.randint(0, len(ids), (16,))
+            model(input_ids=x[batch], labels=labels[batch]).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    torch.set_num_threads(threads)
+    folder = tmp_path_factory.mktemp("trained") / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    right, broken = _first_losses(folder), _first_losses(folder, WRONG_ROPE)
+    band = {"steps": 1, "low": round(right / 2, 3), "high": round((right + broken) / 2, 3),
+            "source": f"the right setup's loss {right:.3f} (RoPE x8 gives {broken:.3f}), test_sentinel.py"}
+    return folder, band, right, broken
+
+
+def _run(tmp_path, trained, *training_args, max_steps=3):
+    """A copy of the ddp recipe whose expected_metrics.json holds the band for its smoke-cpu profile, run through the
+    launcher (in-process), which reads the band and hands it to the ranks (launch.runner.loss_sentinel)."""
+    folder, band, _, _ = trained
+    recipe = tmp_path / "ddp-with-band"
+    shutil.copytree(RECIPES_DIR / "ddp", recipe)
+    expected = json.loads((recipe / "expected_metrics.json").read_text())
+    expected["profiles"]["smoke-cpu"]["first_loss_band"] = band
+    (recipe / "expected_metrics.json").write_text(json.dumps(expected, indent=2))
+    out = tmp_path / "out"
+    proc = launch_in_process(recipe, "--smoke", "--cpu", "--output-dir", out, "--max-steps", max_steps, "--",
+                             "--model_name_or_path", folder, *training_args)
+    return proc, out
+
+
+def test_the_trained_model_depends_on_its_rope(trained):
+    """The premise of the broken run: the right setup's loss sits inside the band, the broken one's above it."""
+    _, band, right, broken = trained
+    assert band["low"] < right < band["high"] < broken
+    assert broken > 1.2 * right
+
+
+def test_a_run_with_the_wrong_rope_stops_after_its_first_logged_step(tmp_path, trained):
+    proc, out = _run(tmp_path, trained, "--model_init_kwargs", json.dumps(WRONG_ROPE))
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text[-3000:]
+    log = (out / "launch.log").read_text()
+    assert log.count("FirstLossError: first-steps loss sentinel") == 2, log[-3000:]  # both ranks raised
+    # the launcher quotes the first failure, with the traps
+    assert "first-steps loss sentinel: logged loss" in text and "RoPE scaling not applied" in text
+    verdict = sentinel.read_verdict(out / ".launch" / "heartbeat")
+    assert verdict["verdict"] == "stopped" and [x["step"] for x in verdict["losses"]] == [1]
+    assert not math.isfinite(verdict["losses"][0]["loss"]) or verdict["losses"][0]["loss"] > verdict["band"]["high"]
+    assert "'loss'" in log and log.count("'loss'") == 1  # one logged step, then stopped (3 were asked for)
+
+
+def test_the_right_setup_passes_its_band(tmp_path, trained):
+    proc, out = _run(tmp_path, trained, max_steps=1)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    verdict = sentinel.read_verdict(out / ".launch" / "heartbeat")
+    assert verdict["verdict"] == "passed", verdict
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["loss_sentinel"]["verdict"] == "passed" and "loss sentinel: the first 1 logged loss(es)" in proc.stdout
