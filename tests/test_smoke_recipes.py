@@ -60,7 +60,10 @@ def test_a_copied_recipe_folder_runs_without_edits_and_benches(tmp_path):
     # The CPU prediction counts the process runtime (imports, measured once: launch.memory) and the model's states,
     # not the Trainer's, datasets' and tokenizer's own memory. Measured here: -10% (0.44 vs 0.50 GiB).
     assert abs(comparison["relative_error"]) < 0.25, comparison
-    assert "planner: peak RSS per process predicted" in proc.stdout
+    # the console shows each rank's peak beside the planner's, with the ratio
+    [row] = [r for r in bench["memory_vs_plan"] if r["what"] == "peak RSS per process"]
+    assert len(row["per_rank_gib"]) == 2 and row["ratio"] == pytest.approx(row["measured_gib"] / row["predicted_gib"])
+    assert "peak RSS per process" in proc.stdout and "ratio = measured / planner" in proc.stdout
 
 
 def test_a_miss_is_reported_and_exits_nonzero(smoke_runs, capsys, monkeypatch):
