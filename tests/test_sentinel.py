@@ -108,13 +108,12 @@ def test_only_the_first_steps_logs_are_checked(tmp_path):
 
 
 # ---- real runs -------------------------------------------------------------------------------------------------------
-def _first_losses(model_dir, rope=None, n=64):
+def _chat_batch(tokenizer, n: int | None = None):
+    """The smoke training chats as one padded batch: (input_ids, labels), padding masked out of the labels."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from launch import smoke
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = [json.loads(line) for line in open(Path(smoke.data_dir()) / "train.jsonl")][:n]
     ids = [tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"] for r in rows]
     length = max(map(len, ids))
@@ -122,6 +121,14 @@ def _first_losses(model_dir, rope=None, n=64):
     labels = torch.full((len(ids), length), -100)
     for i, s in enumerate(ids):
         x[i, :len(s)] = labels[i, :len(s)] = torch.tensor(s)
+    return x, labels
+
+
+def _first_losses(model_dir, rope=None, n=64):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    x, labels = _chat_batch(AutoTokenizer.from_pretrained(model_dir), n)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **(rope or {}))
     with torch.no_grad():
         return model(input_ids=x, labels=labels).loss.item()
@@ -138,13 +145,7 @@ def trained(tmp_path_factory):
 
     assets = smoke.ensure_smoke_assets(progress=lambda *_: None)
     tokenizer = AutoTokenizer.from_pretrained(assets["model"])
-    rows = [json.loads(line) for line in open(Path(assets["data"]) / "train.jsonl")]
-    ids = [tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"] for r in rows]
-    length = max(map(len, ids))
-    x = torch.full((len(ids), length), tokenizer.pad_token_id)
-    labels = torch.full((len(ids), length), -100)
-    for i, s in enumerate(ids):
-        x[i, :len(s)] = labels[i, :len(s)] = torch.tensor(s)
+    x, labels = _chat_batch(tokenizer)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a 0.1M-parameter model: one thread, no spinning against the other processes
     with torch.random.fork_rng(devices=[]):
@@ -152,7 +153,7 @@ def trained(tmp_path_factory):
         model = AutoModelForCausalLM.from_pretrained(assets["model"], dtype=torch.float32)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         for _ in range(200):
-            batch = torch.randint(0, len(ids), (16,))
+            batch = torch.randint(0, len(x), (16,))
             model(input_ids=x[batch], labels=labels[batch]).loss.backward()
             optimizer.step()
             optimizer.zero_grad()
