@@ -1,82 +1,127 @@
-# syntax=docker/dockerfile:1
 # GPU image for the recipes: `docker compose run recipe RECIPE [flags] [-- training args]`
 # runs `python -m launch RECIPE ...` (ENTRYPOINT below; there is no CMD). See docs/container.md.
+# Needs BuildKit (Docker's default builder since 23.0): stages are built only when needed and the pip cache is
+# a cache mount. No `# syntax=` line: the builder's own Dockerfile frontend is used, so that nothing but the
+# base image and the package indexes (Debian, PyPI) is fetched.
 #
 # Versions: every Python package the image installs, transitive ones included, is pinned in
 # requirements/image.lock, resolved by `bash requirements/lock.sh` from requirements/pins.txt (the direct
-# versions) for CPython 3.12 on x86_64 manylinux; CI checks that it resolves and pins the whole set. Every
-# install below is `pip install --no-deps` from that lock or its subset image-build.lock, so pip resolves and
-# picks nothing; the last layer checks that what is installed is exactly image.lock, and
-# `python -m launch doctor` checks it again at every start. No version is written in this file: to change
-# one, edit requirements/pins.txt and run `bash requirements/lock.sh`.
+# versions) for CPython 3.13 (Debian 13's python3) on x86_64 manylinux; CI checks that it resolves and pins the
+# whole set. Every install below is `pip install --no-deps` from that lock or one of its subsets, so pip
+# resolves and picks nothing; the last layer checks that what is installed is exactly image.lock (plus
+# flash-attn with FLASH_ATTN=1), and `python -m launch doctor` checks it again at every start. No Python
+# package version is written in this file: to change one, edit requirements/pins.txt and run
+# `bash requirements/lock.sh`.
 #
-# Base image: CUDA 13.0.3 devel, because the PyPI Linux wheel of torch 2.13.0 (the pin) is a CUDA 13.0
-# build: its metadata requires `cuda-toolkit[...]==13.0.3`, `nvidia-cudnn-cu13`, `nvidia-nccl-cu13` (all in
-# image.lock). torch brings its own CUDA runtime, cuDNN and NCCL as wheels; the base image provides nvcc and
-# headers of the same CUDA release for the flash-attn build and DeepSpeed's JIT ops. The build checks that the
-# two agree (see the torch layer). The host driver must support CUDA 13.0 (R580 or newer).
-# Pinned by exact tag only, not by digest: the digest was not observable from where this file was written
-# (no registry access) and NVIDIA re-pushes tags for security fixes. To freeze it, build with
-# --build-arg BASE_IMAGE=nvidia/cuda:13.0.3-devel-ubuntu24.04@sha256:<digest from `docker buildx imagetools inspect`>.
-ARG BASE_IMAGE=nvidia/cuda:13.0.3-devel-ubuntu24.04
+# Base image: plain Debian 13 (trixie), pinned by point release. No CUDA base image: the CUDA 13.0 runtime,
+# cuDNN, NCCL, cuBLAS, ... come only as the PyPI wheels torch 2.13.0 requires (cuda-toolkit 13.0.3,
+# nvidia-cudnn-cu13, nvidia-nccl-cu13, all in image.lock), so no system CUDA library exists that could shadow
+# the cuDNN torch was built with (a system cuDNN ahead of torch's sends SDPA to a slower path: transformers
+# #48324/#48163, 373 s -> 606 s per 1M-token step); the torch layer checks that. nvcc is not in the default
+# image: nothing a recipe runs needs it (DeepSpeed's cpu_adam is a C++ op built with g++; Triton and
+# liger-kernel compile with the driver's JIT and gcc). The opt-in flash-attn stage gets nvcc from PyPI wheels.
+# Every input is reachable from any Linux host with internet: Docker Hub's debian image, deb.debian.org and
+# PyPI; where Docker Hub is not (a mirror-only network), ci/image.sh assembles the same Debian release with
+# mmdebstrap and imports it under this tag. The tag is rebuilt with security fixes; to freeze it, build with
+# BASE_IMAGE=debian:13.8-slim@sha256:<digest> (the digest: `docker pull debian:13.8-slim && docker image inspect
+# --format '{{index .RepoDigests 0}}' debian:13.8-slim`; see docs/container.md).
+# The host driver must support CUDA 13.0 (R580 or newer): NVIDIA_REQUIRE_CUDA below makes the NVIDIA container
+# toolkit refuse to start the container on an older driver, and doctor checks it again.
+ARG BASE_IMAGE=debian:13.8-slim
+# 1: add flash-attn, compiled from source in its own stage (hours on a small host: see that stage).
+ARG FLASH_ATTN=0
 
-FROM ${BASE_IMAGE}
+FROM ${BASE_IMAGE} AS system
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-
-# Compute capabilities to build for: 8.0 = A100, 9.0 = H100/H200. Add 10.0 for B200. Entries may carry
-# PyTorch's suffixes (9.0a, 9.0+PTX): DeepSpeed's JIT ops get the list as it is, flash-attn the derived
-# list below.
-ARG TORCH_CUDA_ARCH_LIST="8.0;9.0"
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
     VIRTUAL_ENV=/opt/venv \
-    PATH=/opt/venv/bin:${PATH} \
-    TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST}
+    PATH=/opt/venv/bin:${PATH}
 
-# python3-dev: headers for flash-attn and DeepSpeed JIT builds; g++: host compiler for nvcc;
-# libaio-dev: DeepSpeed's async_io op (NVMe offload).
-# DL3008 (apt versions not pinned): Ubuntu's archive drops superseded package versions, so `pkg=version`
-# pins would break every rebuild after the next security update; the distribution release is fixed by the
-# base image tag, and no Python package comes from apt except the interpreter.
-# hadolint ignore=DL3008
+# System packages, pinned to the upstream version of Debian 13.8 with the Debian revision left open
+# (`=3.13.5-*`): a security update (+deb13uN) replaces the old revision in the archive, so an exact pin would
+# break every rebuild after it, while the upstream version cannot move within a Debian release.
+#   python3.13, python3.13-venv: the interpreter (image.lock's target) and its venv module;
+#   python3-pip-whl: the pip that python3.13-venv puts into the venv (pip 25.1.1), so pip itself is pinned;
+#   python3.13-dev, g++: headers and compiler for DeepSpeed's JIT ops (cpu_adam for zero3-offload) and for
+#     the small launcher stubs Triton compiles at run time (liger-kernel's kernels);
+#   libaio-dev: DeepSpeed's async_io op (NVMe offload);
+#   ca-certificates: TLS to the Hugging Face hub.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        ca-certificates \
-        g++ \
-        libaio-dev \
-        python3 \
-        python3-dev \
-        python3-venv \
+        ca-certificates=20250419* \
+        g++=4:14.2.0-* \
+        libaio-dev=0.3.113-* \
+        python3-pip-whl=25.1.1+dfsg-* \
+        python3.13=3.13.5-* \
+        python3.13-dev=3.13.5-* \
+        python3.13-venv=3.13.5-* \
     && rm -rf /var/lib/apt/lists/*
 
-# Python 3.12 (Ubuntu 24.04) in a virtual environment: the system interpreter is externally managed
-# (PEP 668). The venv's pip is the one bundled with the distribution's python3-venv.
-RUN python3 -m venv "${VIRTUAL_ENV}"
+# A virtual environment: Debian's interpreter is externally managed (PEP 668).
+RUN python3.13 -m venv "${VIRTUAL_ENV}" && pip --version
 
-# --- Dependency layers (before any source COPY) ---------------------------------------------------------
-# Wheels only (--only-binary=:all:), except the packages published as source only (the names in
-# requirements/uv.toml), which are built here without build isolation, against what is already installed.
-#
-# 1. torch with all its dependencies (the CUDA 13.0 libraries, triton, ...) and flash-attn's build
-#    dependencies (setuptools, wheel, packaging, psutil, ninja, einops): exactly image-build.lock, the subset
-#    of image.lock these two layers need, so that the long flash-attn layer stays cached when an unrelated
-#    pin changes. Fail here, not at run time, when torch's CUDA and the base image's CUDA differ.
+# pip's downloads: the cache is a BuildKit cache mount (kept by the builder, never in a layer). The optional
+# build secret `build_ca` is a CA bundle for a TLS-intercepting proxy (ci/image.sh passes the host's when the
+# host has extra CAs); it is used as PIP_CERT for that RUN only and is not stored in the image.
+
+# --- torch with its CUDA 13.0 libraries ------------------------------------------------------------------
+# Exactly image-build.lock (torch and its dependencies, a subset of image.lock), copied on its own so that this
+# large layer stays cached when an unrelated pin changes. Wheels only. Then: torch's CUDA release equals the
+# locked cuda-toolkit's, and no CUDA library exists outside the venv's wheels (nothing in the linker cache,
+# no LD_LIBRARY_PATH) that could be loaded instead of torch's own cuDNN, NCCL or cuBLAS.
+FROM system AS torch
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY requirements/image-build.lock /opt/pins/image-build.lock
-RUN grep -v '^flash-attn==' /opt/pins/image-build.lock > /opt/pins/torch-layer.txt \
-    && pip install --no-cache-dir --no-deps --only-binary=:all: -r /opt/pins/torch-layer.txt \
+RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=build_ca \
+    if [ -s /run/secrets/build_ca ]; then export PIP_CERT=/run/secrets/build_ca; fi; \
+    pip install --no-deps --only-binary=:all: -r /opt/pins/image-build.lock \
     && pip check \
-    && python -c "import os, torch; t = torch.version.cuda; b = os.environ['CUDA_VERSION']; \
-print(f'torch {torch.__version__} built for CUDA {t}; base image CUDA {b}'); \
-assert t and t.split('.')[:2] == b.split('.')[:2], 'torch CUDA build does not match the base image: set BASE_IMAGE'"
+    && toolkit="$(sed -n 's/^cuda-toolkit==//p' /opt/pins/image-build.lock)" \
+    && python -c "import sys, torch; t = torch.version.cuda; k = sys.argv[1]; \
+print(f'torch {torch.__version__} built for CUDA {t}; locked cuda-toolkit {k}'); \
+assert t and t.split('.')[:2] == k.split('.')[:2], 'torch CUDA build does not match the locked cuda-toolkit'" "${toolkit}" \
+    && if ldconfig -p | grep -E 'lib(cudart|cudnn|nccl|cublas)\.so'; then echo "system CUDA libraries found" >&2; exit 1; fi \
+    && test -z "${LD_LIBRARY_PATH:-}"
 
-# 2. flash-attn's targets. flash-attn 2.8.3 passes its own -gencode flags, read from FLASH_ATTN_CUDA_ARCHS,
-#    whose entries it matches exactly against 80, 90, 100 and 120 (an entry it does not know is dropped
-#    without a word, so "90a" would leave H100 without a kernel), and it builds SASS only (no PTX). Derived
-#    from TORCH_CUDA_ARCH_LIST: the suffixes a, f (arch/family-specific) and +PTX are dropped, and each
-#    capability maps to the flash-attn target whose SASS it runs (same major, lower or equal minor): 8.0, 8.6,
-#    8.7, 8.9 -> 80; 9.0 -> 90; 10.0, 10.3 -> 100; 12.0, 12.1 -> 120. Any other entry stops the build.
+# --- flash-attn (opt-in: FLASH_ATTN=1) --------------------------------------------------------------------
+# No prebuilt wheel of flash-attn 2.8.3 exists for torch 2.13 + CUDA 13 (PyPI has the sdist only; upstream's
+# wheels stop at torch release 2.10, and a wheel built for another torch fails at import with an undefined
+# symbol), so it is compiled here, against the torch above, in a stage of its own: with the default
+# FLASH_ATTN=0 this stage is never built, and once built it stays cached until torch or flash-attn.lock change.
+# nvcc, its front end and the CUB/Thrust headers come from PyPI (cuda-toolkit 13.0.3's nvcc and cccl wheels,
+# flash-attn.lock), laid out as a CUDA_HOME for torch's extension builder (lib64, libcudart.so).
+# Cost (nvcc 13.0, torch 2.13 headers): one kernel file takes 4-6.3 min on one core at 4.9-6.9 GB of RAM; 72
+# files, about 6 core-hours: estimated 3 h on 2 cores, 25-45 min on 16 (MAX_JOBS below). Checked here with the
+# patch below: flash_api.cpp and one forward kernel file for target 90 compile with g++ 14 in 110 s at 5.0 GB.
+# C++ standard: flash-attn's setup.py passes -std=c++17, while torch 2.13's headers use C++20 (warnings now, an
+# error with torch's next release, 2.14; fixed only on flash-attn's main branch, PRs #2879/#2899): the sdist is
+# patched to -std=c++20, and the build stops if the patch no longer applies.
+FROM torch AS flash-attn-build
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY requirements/flash-attn.lock /opt/pins/flash-attn.lock
+RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=build_ca \
+    if [ -s /run/secrets/build_ca ]; then export PIP_CERT=/run/secrets/build_ca; fi; \
+    grep -v '^flash-attn==' /opt/pins/flash-attn.lock > /opt/pins/flash-attn-tools.txt \
+    && pip install --no-deps --only-binary=:all: -r /opt/pins/flash-attn-tools.txt \
+    && pip check \
+    && cuda="$(python -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')" \
+    && ln -s lib "${cuda}/lib64" \
+    && ln -s libcudart.so.13 "${cuda}/lib/libcudart.so" \
+    && ln -s "${cuda}" /opt/cuda \
+    && /opt/cuda/bin/nvcc --version
+ENV CUDA_HOME=/opt/cuda
+
+# flash-attn's targets, from TORCH_CUDA_ARCH_LIST. flash-attn 2.8.3 passes its own -gencode flags, read from
+# FLASH_ATTN_CUDA_ARCHS, whose entries it matches exactly against 80, 90, 100 and 120 (an entry it does not
+# know is dropped without a word, so "90a" would leave H100 without a kernel), and it builds SASS only (no
+# PTX). The suffixes a, f (arch/family-specific) and +PTX are dropped, and each capability maps to the
+# flash-attn target whose SASS it runs (same major, lower or equal minor): 8.0, 8.6, 8.7, 8.9 -> 80; 9.0 -> 90;
+# 10.0, 10.3 -> 100; 12.0, 12.1 -> 120. Any other entry stops the build.
+ARG TORCH_CUDA_ARCH_LIST="8.0;9.0"
 RUN archs=""; \
     for entry in $(echo "${TORCH_CUDA_ARCH_LIST}" | tr ';,' '  '); do \
         cc="${entry%+PTX}"; cc="${cc%[af]}"; \
@@ -93,44 +138,102 @@ RUN archs=""; \
     echo "${archs}" > /opt/pins/flash-attn-archs \
     && echo "flash-attn targets: ${archs} (TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST})"
 
-# 3. flash-attn, built from source against the torch installed above (no prebuilt wheel exists for
-#    torch 2.13, and a wheel built for another torch fails at import with an undefined symbol):
-#    --no-build-isolation so the build sees that torch; FLASH_ATTENTION_FORCE_BUILD so setup.py does not
-#    try to download a prebuilt wheel; version from image-build.lock. Importing flash_attn_2_cuda catches an
-#    ABI mismatch with torch; cuobjdump shows that every target got its kernels.
-#    Memory: flash-attn's setup.py puts the peak at 8-9 GB per compile job with nvcc at 4 threads, and nvcc's
-#    threads compile the targets of one file in parallel, so the peak is roughly
-#    MAX_JOBS x min(NVCC_THREADS, number of targets) x 2-2.5 GB: about 10 GB with the defaults (4 x 1), where
-#    flash-attn's own default (4 threads) would need about 20 GB for two targets and 36 GB for four.
-#    NVCC_THREADS=2 compiles two targets at once (what flash-attn's default does with two), for twice the memory.
-ARG MAX_JOBS=4
+# Compile jobs: MAX_JOBS, or with MAX_JOBS=auto as many as both the cores and the memory allow: 7 GB per job
+# and per target nvcc compiles at once (min(NVCC_THREADS, targets)), from the available memory or the cgroup's
+# limit, whichever is lower; at least 1.
+ARG MAX_JOBS=auto
 ARG NVCC_THREADS=1
-RUN FLASH_ATTN_CUDA_ARCHS="$(cat /opt/pins/flash-attn-archs)" \
-    FLASH_ATTENTION_FORCE_BUILD=TRUE \
-    MAX_JOBS="${MAX_JOBS}" \
-    NVCC_THREADS="${NVCC_THREADS}" \
-    pip install --no-cache-dir --no-deps --no-build-isolation --no-binary=flash-attn -c /opt/pins/image-build.lock flash-attn \
-    && pip check \
-    && so="$(python -c 'import torch, flash_attn, flash_attn_2_cuda; print(flash_attn_2_cuda.__file__)')" \
-    && if command -v cuobjdump > /dev/null; then \
-        kernels=" $(cuobjdump --list-elf "${so}" | grep -o 'sm_[0-9]*' | sort -u | tr '\n' ' ')"; \
-        echo "flash_attn_2_cuda kernels:${kernels}"; \
-        for arch in $(tr ';' ' ' < /opt/pins/flash-attn-archs); do \
-            case "${kernels}" in *" sm_${arch} "*) ;; *) echo "flash_attn_2_cuda has no sm_${arch} kernel" >&2; exit 1 ;; esac; \
+RUN jobs="${MAX_JOBS}"; \
+    if [ "${jobs}" = auto ]; then \
+        targets="$(tr ';' '\n' < /opt/pins/flash-attn-archs | wc -l)"; \
+        mem_kb="$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)"; \
+        for limit in /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory/memory.limit_in_bytes; do \
+            if [ -r "${limit}" ] && [ "$(cat "${limit}")" != max ]; then \
+                cg_kb=$(( $(cat "${limit}") / 1024 )); if [ "${cg_kb}" -lt "${mem_kb}" ]; then mem_kb="${cg_kb}"; fi; \
+            fi; \
         done; \
-    else echo "cuobjdump not found: flash-attn's kernel list not checked"; fi
+        per_job_kb=$(( 7 * 1000 * 1000 * (NVCC_THREADS < targets ? NVCC_THREADS : targets) )); \
+        jobs=$(( mem_kb / per_job_kb )); cores="$(nproc)"; \
+        if [ "${jobs}" -gt "${cores}" ]; then jobs="${cores}"; fi; \
+        if [ "${jobs}" -lt 1 ]; then jobs=1; fi; \
+    fi; \
+    case "${jobs}" in ''|*[!0-9]*|0) echo "MAX_JOBS must be auto or a positive number, not '${MAX_JOBS}'" >&2; exit 1 ;; esac; \
+    echo "${jobs}" > /opt/pins/flash-attn-jobs \
+    && echo "flash-attn compile jobs: ${jobs} (MAX_JOBS=${MAX_JOBS}, NVCC_THREADS=${NVCC_THREADS})"
 
-# 4. Everything else: exactly image.lock (requirements/image.in, resolved). DeepSpeed's CUDA/C++ ops are
-#    NOT prebuilt (DS_BUILD_OPS=0): the ops a recipe uses (e.g. cpu_adam for zero3-offload) are JIT-compiled
-#    at first use with nvcc from the base image, for TORCH_CUDA_ARCH_LIST, into TORCH_EXTENSIONS_DIR on the
-#    cache volume, so that happens once per volume, not per run; prebuilding every op would add a long build
-#    step for ops no recipe uses. DeepSpeed is built from its sdist without build isolation (it sees the
-#    installed torch). The build sees no GPU, so DeepSpeed does not add nvidia-ml-py to its requirements
-#    (it does only when it detects a CUDA device while building): its requirements are then the ones
-#    requirements/uv.toml declares, and `pip check` fails if that ever differs.
+# The build: the sdist at flash-attn.lock's version (pip checks PyPI's hash; metadata read without compiling),
+# patched to C++20, compiled into a wheel in /wheels. Importing flash_attn_2_cuda catches an ABI mismatch with
+# torch; the kernels in its fat binary (the ELF entries' architectures, read from the fatbin headers: the nvcc
+# wheel has no cuobjdump) must cover every target.
+RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=build_ca \
+    if [ -s /run/secrets/build_ca ]; then export PIP_CERT=/run/secrets/build_ca; fi; \
+    version="$(sed -n 's/^flash-attn==//p' /opt/pins/flash-attn.lock)" \
+    && FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE pip download --no-deps --no-build-isolation --no-binary=flash-attn \
+        -d /tmp/flash-attn "flash-attn==${version}" \
+    && tar -xzf /tmp/flash-attn/flash_attn-*.tar.gz -C /tmp/flash-attn \
+    && src="$(echo /tmp/flash-attn/flash_attn-*/)" \
+    && test "$(grep -c -- '-std=c++17' "${src}setup.py")" -ge 2 \
+    && sed -i 's/-std=c++17/-std=c++20/g' "${src}setup.py" \
+    && jobs="$(cat /opt/pins/flash-attn-jobs)" \
+    && echo "flash-attn: MAX_JOBS=${jobs} NVCC_THREADS=${NVCC_THREADS} targets=$(cat /opt/pins/flash-attn-archs)" \
+    && FLASH_ATTN_CUDA_ARCHS="$(cat /opt/pins/flash-attn-archs)" \
+        FLASH_ATTENTION_FORCE_BUILD=TRUE \
+        MAX_JOBS="${jobs}" \
+        NVCC_THREADS="${NVCC_THREADS}" \
+        pip wheel --no-deps --no-build-isolation -w /wheels "${src}" \
+    && pip install --no-deps /wheels/flash_attn-*.whl \
+    && so="$(python -c 'import torch, flash_attn, flash_attn_2_cuda; print(flash_attn_2_cuda.__file__)')" \
+    && kernels=" $(python -c "$(printf '%s\n' \
+        'import struct, sys' \
+        'data, archs, pos = open(sys.argv[1], "rb").read(), set(), 0' \
+        'while (pos := data.find(struct.pack("<I", 0xBA55ED50), pos)) >= 0:' \
+        '    _, header, size = struct.unpack_from("<HHQ", data, pos + 4); entry, end = pos + header, pos + header + size' \
+        '    while entry + 32 <= end:' \
+        '        kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, entry)' \
+        '        archs |= {struct.unpack_from("<I", data, entry + 28)[0]} if kind == 2 else set()' \
+        '        entry = end if entry_header == 0 else entry + entry_header + payload' \
+        '    pos = max(end, pos + 4)' \
+        'print(" ".join(f"sm_{a}" for a in sorted(archs)))')" "${so}") " \
+    && echo "flash_attn_2_cuda kernels:${kernels}" \
+    && for arch in $(tr ';' ' ' < /opt/pins/flash-attn-archs); do \
+        case "${kernels}" in *" sm_${arch} "*) ;; *) echo "flash_attn_2_cuda has no sm_${arch} kernel" >&2; exit 1 ;; esac; \
+    done \
+    && rm -rf /tmp/flash-attn
+
+# The wheels the final stage installs: none (FLASH_ATTN=0, the stage above is not built) or flash-attn's.
+FROM torch AS flash-attn-0
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN mkdir -p /wheels
+FROM flash-attn-build AS flash-attn-1
+# DL3006 (untagged image): flash-attn-0/1 are the stages above, not images from a registry.
+# hadolint ignore=DL3006
+FROM flash-attn-${FLASH_ATTN} AS flash-attn-wheels
+
+# --- Everything else: exactly image.lock -------------------------------------------------------------------
+# DeepSpeed's ops are NOT prebuilt (DS_BUILD_OPS=0): the ops a recipe uses (cpu_adam for zero3-offload, a C++
+# op) are JIT-compiled at first use into TORCH_EXTENSIONS_DIR on the cache volume, once per volume. DeepSpeed
+# is built from its sdist without build isolation (it sees the installed torch). The build sees no GPU, so
+# DeepSpeed does not add nvidia-ml-py to its requirements (it does only when it detects a CUDA device while
+# building): its requirements are then the ones requirements/uv.toml declares, and `pip check` fails if that
+# ever differs. /opt/pins/expected.lock: what the last layer checks the environment against.
+FROM torch AS image
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY requirements/image.lock /opt/pins/image.lock
-RUN DS_BUILD_OPS=0 pip install --no-cache-dir --no-deps --no-build-isolation \
-        --only-binary=:all: --no-binary=deepspeed,flash-attn -r /opt/pins/image.lock \
+RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=build_ca \
+    if [ -s /run/secrets/build_ca ]; then export PIP_CERT=/run/secrets/build_ca; fi; \
+    DS_BUILD_OPS=0 pip install --no-deps --no-build-isolation \
+        --only-binary=:all: --no-binary=deepspeed -r /opt/pins/image.lock \
+    && pip check \
+    && cp /opt/pins/image.lock /opt/pins/expected.lock
+
+ARG FLASH_ATTN
+RUN --mount=type=bind,from=flash-attn-wheels,source=/wheels,target=/wheels \
+    if [ "${FLASH_ATTN}" = 1 ]; then \
+        pip install --no-cache-dir --no-deps /wheels/flash_attn-*.whl \
+        && pip freeze | grep -i '^flash[-_]attn==' >> /opt/pins/expected.lock \
+        && python -c 'import torch, flash_attn, flash_attn_2_cuda'; \
+    elif [ "${FLASH_ATTN}" != 0 ]; then echo "FLASH_ATTN must be 0 or 1, not ${FLASH_ATTN}" >&2; exit 1; \
+    fi \
     && pip check \
     && pip freeze --all > /opt/pins/installed.txt
 
@@ -138,10 +241,9 @@ RUN DS_BUILD_OPS=0 pip install --no-cache-dir --no-deps --no-build-isolation \
 # User that owns /app, /cache and the outputs: set to the host's `id -u` / `id -g` so that files written
 # to the ./outputs bind mount belong to the host user (docker-compose.yml passes HOST_UID / HOST_GID).
 # USER_UID=0 (a host user that is root, common on GPU machines): no user is created and the image runs as
-# root, like that host user. Otherwise a user already holding USER_UID (ubuntu:24.04 ships `ubuntu`, uid
-# 1000) is removed, a group already holding USER_GID is reused, and `app` is created; --no-log-init keeps a
-# large UID from growing /var/log/lastlog and faillog to gigabytes. /app/outputs exists and is the user's
-# for `docker run` without the bind mount.
+# root, like that host user. Otherwise a user already holding USER_UID is removed, a group already holding
+# USER_GID is reused, and `app` is created; --no-log-init keeps a large UID from growing /var/log/lastlog and
+# faillog to gigabytes. /app/outputs exists and is the user's for `docker run` without the bind mount.
 ARG USER_UID=1000
 ARG USER_GID=1000
 RUN if [ "${USER_UID}" != 0 ]; then \
@@ -158,18 +260,21 @@ WORKDIR /app
 COPY --chown=${USER_UID}:${USER_GID} . /app
 # Editable install: `launch` stays in /app, where it finds recipes/ and requirements/. Then the environment is
 # checked against the lock: every package of image.lock at its version and nothing else (pip and this
-# project aside).
+# project aside; flash-attn too with FLASH_ATTN=1).
 RUN pip install --no-cache-dir --no-deps --no-build-isolation -e /app \
-    && python -m launch.pins check --exact requirements/image.lock
+    && python -m launch.pins check --exact /opt/pins/expected.lock
 
 # Caches on the volume mounted at /cache (docker-compose.yml): Hugging Face hub/datasets, DeepSpeed and
 # torch JIT extensions, Triton kernels. No token is stored in the image: HF_TOKEN comes from the
-# environment at run time only.
+# environment at run time only. NVIDIA_*: what the NVIDIA container toolkit mounts (the CUDA driver library,
+# nvidia-smi) and the driver it requires (CUDA 13.0, R580+), as NVIDIA's CUDA images declare them.
 ENV HF_HOME=/cache/huggingface \
     TORCH_EXTENSIONS_DIR=/cache/torch_extensions \
     TRITON_CACHE_DIR=/cache/triton \
     DS_BUILD_OPS=0 \
-    LAUNCH_DOCTOR_AT_START=1
+    LAUNCH_DOCTOR_AT_START=1 \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    NVIDIA_REQUIRE_CUDA="cuda>=13.0"
 VOLUME ["/cache"]
 
 USER ${USER_UID}:${USER_GID}

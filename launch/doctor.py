@@ -7,13 +7,15 @@ message before any training begins.
 from __future__ import annotations
 
 from launch import pins as pinfiles
-from launch import rules
+from launch import image_checks, rules
 from launch.machine import gpu_info, installed_versions, torch_build
-from launch.constants import FLASH_ATTENTION
 from launch.pins import PINS_FILE, normalize, read_pins  # the one pins parser (launch/pins.py)
 
 # GPU-only packages: absent from the CPU CI venv by design.
 GPU_ONLY = {"flash-attn", "liger-kernel"}
+# Optional in the image too: built only with FLASH_ATTN=1 (Dockerfile); its version then comes from
+# requirements/flash-attn.lock. A recipe that needs it is refused by the attention check (launch.image_checks).
+IMAGE_OPTIONAL = {"flash-attn"}
 
 
 def same_version(installed: str, pinned: str) -> bool:
@@ -29,7 +31,7 @@ def version_problems(versions: dict, pins: dict, strict: bool) -> list[str]:
         if pinned is None:
             problems.append(f"{name} has no pin in {PINS_FILE.name}")
         elif have is None:
-            if name not in GPU_ONLY or strict:
+            if name not in GPU_ONLY or (strict and name not in IMAGE_OPTIONAL):
                 problems.append(f"{name} is not installed (pinned {pinned})")
         elif not same_version(have, pinned):
             problems.append(f"{name} {have} is installed but {pinned} is pinned")
@@ -48,22 +50,14 @@ def lock_problems(strict: bool, installed: dict | None = None, skip=()) -> list[
     lock_path = lock_for(strict)
     lock = pinfiles.read_lock(lock_path)
     installed = pinfiles.installed_distributions() if installed is None else installed
+    if strict:  # the opt-in packages the image has: pinned by their own lock
+        for name in IMAGE_OPTIONAL & installed.keys():
+            lock[name] = pinfiles.read_lock(pinfiles.REQUIREMENTS / f"{name}.lock")[name]
     skip = {normalize(name) for name in skip}
     problems = pinfiles.lock_problems(lock, installed, lock_path.name, require_all=strict, skip=skip)
     if strict:
         problems += pinfiles.unlocked_problems(lock, installed, lock_path.name)
     return problems
-
-
-def flash_attn_problem() -> str | None:
-    try:
-        import flash_attn  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - an ABI mismatch raises ImportError or OSError (undefined symbol)
-        return (
-            f"flash-attn does not import ({type(e).__name__}: {e}). A flash-attn built for another torch fails "
-            "with an undefined symbol; rebuild it against the installed torch (see the Dockerfile)."
-        )
-    return None
 
 
 def liger_problem() -> str | None:
@@ -95,15 +89,19 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
         out(f"lock           {lock_for(strict).name}: " + (f"{len(locked)} difference(s)" if locked else "the installed versions match"))
     out(f"torch build    {torch_build()}")
     out(f"GPUs           {gpu_count}" + (f" ({', '.join(sorted(set(gpu_names)))})" if gpu_names else ""))
+    # the performance traps (cuDNN shadowed, SDPA backend, driver, flash-attn ABI) and the attention each recipe gets
+    recipe_attn = ({setup.recipe.name: setup.training.get("attn_implementation") or "sdpa"} if setup is not None
+                   else image_checks.recipe_attn_settings())
+    for name, found, problem in image_checks.trap_checks(recipe_attn):
+        out(f"{name:<14} {found}")
+        if problem and not (setup is not None and setup.options.cpu and name.startswith("attention ")):
+            problems.append(problem)
 
     if setup is not None:
         facts = rules.Facts(versions=versions, gpu_count=gpu_count)
         out(f"recipe         {setup.recipe.name}: {setup.layout.strategy}, features: {', '.join(rules.features(setup)) or 'none'}")
         for fn in (rules.version_floors, rules.enough_gpus):
             if msg := fn(setup, facts):
-                problems.append(msg)
-        if not setup.options.cpu and setup.training.get("attn_implementation") in FLASH_ATTENTION:
-            if msg := flash_attn_problem():
                 problems.append(msg)
         if not setup.options.cpu and setup.training.get("use_liger_kernel"):
             if msg := liger_problem():

