@@ -6,6 +6,7 @@
 #                                 with mmdebstrap when the registry cannot be reached), `docker compose build`,
 #                                 then the in-image checks and the receipt
 #   FLASH_ATTN=1 bash ci/image.sh the same with flash-attn compiled in (hours on a small host)
+#   NO_CACHE=1 bash ci/image.sh   every layer built again, as on a fresh machine (the receipt's per-layer times)
 #
 # In-image checks (each must pass; the receipt records command, exit status, time and the output's tail):
 #   doctor         python -m launch doctor
@@ -132,7 +133,9 @@ mkdir -p outputs
 say "building (log: $work/build.log, kept as outputs/image-build.log)"
 start=$(date +%s.%N)
 set +e
-"${compose[@]}" build --progress plain recipe > "$work/build.log" 2>&1
+no_cache=()
+if [ "${NO_CACHE:-0}" = 1 ]; then no_cache=(--no-cache); fi  # as on a fresh machine: every layer built again
+"${compose[@]}" build --progress plain "${no_cache[@]}" recipe > "$work/build.log" 2>&1
 build_rc=$?
 set -e
 build_seconds=$(seconds_since "$start")
