@@ -237,8 +237,9 @@ def test_sp_refuses_eager_attention():
 
 @shows(rules.sp_attention_supported)
 def test_sp_attention_must_match_the_models():
-    [msg] = messages(sp_setup(extra=["--attn_implementation", "sdpa"]), facts(model_config=QWEN2_05B))
-    assert "attn_implementation (sdpa) and parallelism_config_sp_attn_implementation (flash_attention_2)" in msg
+    # the recipe's config says sdpa on both sides; the model's alone changed to flash_attention_2 is refused
+    [msg] = messages(sp_setup(extra=["--attn_implementation", "flash_attention_2"]), facts(model_config=QWEN2_05B))
+    assert "attn_implementation (flash_attention_2) and parallelism_config_sp_attn_implementation (sdpa)" in msg
     # on CPU the launcher switches both sides to SDPA
     assert sp_setup(smoke=True, cpu=True).accelerate["parallelism_config"][
         "parallelism_config_sp_attn_implementation"] == "sdpa"
