@@ -22,8 +22,8 @@ enough for every run:
   700 W one).
 Warm-up steps (default 2: optimizer states allocated, kernels compiled, caches filled) are not measured.
 
-Launcher side: `report(folder, arch, seq_len, estimate)` combines the ranks' files with the planner's prediction and
-`format_report` prints it (`summarize`, `compare_with_plan` and `format_summary` are the older, smaller entry points).
+Launcher side: `report(folder, arch, seq_len, estimate)` combines the ranks' files (`summarize`) with the planner's
+prediction and `format_report` prints it.
 
 MFU, in two conventions, both against the GPU's dense BF16 peak (`GPU_PEAK_BF16`; an unknown GPU or a CPU gets no
 number, and the summary says so), recomputation never counted:
@@ -263,13 +263,6 @@ def _read_ranks(folder: Path) -> list[dict]:
     return sorted(ranks, key=lambda r: r.get("rank", 0))
 
 
-def _rank_memory(r: dict) -> dict:
-    if r.get("memory"):
-        return r["memory"]
-    last = r["steps"][-1] if r.get("steps") else {}  # files without "memory" carry it per step
-    return {k: last.get(k) for k, _, _ in MEMORY_FIGURES}
-
-
 def summarize(folder: Path, arch=None, seq_len: int | None = None) -> dict | None:
     """Combine the ranks' files into per-step, per-rank and overall figures; None when no rank wrote any."""
     ranks = _read_ranks(folder)
@@ -312,7 +305,7 @@ def summarize(folder: Path, arch=None, seq_len: int | None = None) -> dict | Non
     per_rank = []
     for r in ranks:
         entry = {"rank": r.get("rank"), "steps": len(r["steps"])}
-        entry.update({k: v for k, v in _rank_memory(r).items() if v is not None})
+        entry.update({k: v for k, v in (r.get("memory") or {}).items() if v is not None})
         per_rank.append(entry)
 
     def worst(key):
@@ -392,23 +385,7 @@ def report(folder: Path, arch=None, seq_len: int | None = None, estimate=None) -
     predicted = prediction(estimate)
     summary["predicted"] = predicted
     summary["memory_vs_plan"] = memory_vs_plan(summary, predicted)
-    compat = {"cpu_rss_gib": predicted.get("rss_gib"), "gpu_peak_gib": predicted.get("reserved_gib")} if predicted \
-        else None
-    summary["predicted_vs_measured"] = compare_with_plan(summary["overall"], compat, summary["overall"]["device"])
     return summary
-
-
-def compare_with_plan(measured: dict, predicted: dict | None, device: str) -> dict | None:
-    """Predicted vs measured peak memory, with the relative error (GPU: reserved, per GPU; CPU: RSS per process)."""
-    if not predicted or not measured:
-        return None
-    if device == "cpu":
-        have, want, what = measured.get("peak_rss_gib_per_process"), predicted.get("cpu_rss_gib"), "peak RSS per process"
-    else:
-        have, want, what = measured.get("peak_reserved_gib"), predicted.get("gpu_peak_gib"), "peak reserved per GPU"
-    if have is None or want is None:
-        return None
-    return {"what": what, "predicted_gib": want, "measured_gib": have, "relative_error": (want - have) / have}
 
 
 def _pct(x: float | None) -> str:
@@ -454,15 +431,6 @@ def format_report(summary: dict, per_step: bool = True) -> str:
             lines.append(f"  {row['what']:<30}{cells}{row['measured_gib']:>9.2f}{want}{ratio}")
         lines.append("  ratio = measured / planner (launch.memory); planner goal: within 15% of the measured peak")
     return "\n".join(lines)
-
-
-def format_summary(summary: dict, comparison: dict | None) -> str:
-    """The older entry point: `format_report`, plus the one-line comparison of `compare_with_plan`."""
-    text = format_report(summary)
-    if comparison:
-        text += (f"\n  planner: {comparison['what']} predicted {comparison['predicted_gib']:.2f} GiB, measured "
-                 f"{comparison['measured_gib']:.2f} GiB ({100 * comparison['relative_error']:+.1f}%)")
-    return text
 
 
 # ---- bench --max-length auto -------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from launch import pins as pinfiles
 from launch.constants import FLASH_ATTENTION
+from launch.machine import NVIDIA_DRIVER_FILE, gpu_driver
 from launch.pins import normalize
 from launch.recipes import find_recipe, recipe_names
 
@@ -215,15 +216,12 @@ def driver_problem(driver_cuda: int | None, needed: str, release: str | None = N
     return None
 
 
-def driver_release(proc: Path = Path("/proc/driver/nvidia/version")) -> str | None:
-    try:
-        m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9.]+)", proc.read_text())
-    except OSError:
-        return None
+def driver_release(proc: Path = NVIDIA_DRIVER_FILE) -> str | None:
+    m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9.]+)", gpu_driver(proc) or "")
     return m.group(1) if m else None
 
 
-def check_driver(torch_module=None, proc: Path = Path("/proc/driver/nvidia/version")) -> Check:
+def check_driver(torch_module=None, proc: Path = NVIDIA_DRIVER_FILE) -> Check:
     torch = _torch(torch_module)
     if not _gpu(torch):
         return "driver", NOT_CHECKED, None

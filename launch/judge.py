@@ -26,8 +26,8 @@ def compare(expected: dict, observed: dict, tolerance: dict | None = None) -> di
     per-check results and the per-step table rows."""
     tolerance = tolerance or TOLERANCE
     checks, rows = [], []
+    exp = expected["steps"]  # recorded for steps 1..n (by_step's default)
     for metric in METRICS:
-        exp = {"step": expected.get("step"), **expected["steps"]}
         diff = step_difference(exp, observed, metric)
         tol = tolerance[metric]
         if not diff.complete:

@@ -74,6 +74,12 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def gpu_driver() -> str | None:
-    path = Path("/proc/driver/nvidia/version")
-    return path.read_text().splitlines()[0] if path.is_file() else None
+NVIDIA_DRIVER_FILE = Path("/proc/driver/nvidia/version")
+
+
+def gpu_driver(path: Path = NVIDIA_DRIVER_FILE) -> str | None:
+    """The NVIDIA kernel module's first line ("NVRM version: ... Kernel Module  580.65.06 ..."), None without one."""
+    try:
+        return path.read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None

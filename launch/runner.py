@@ -148,7 +148,6 @@ def wait_for_rendezvous(host: str, port: int, timeout: float) -> None:
 
 
 def launch(options, dry_run: bool = False) -> int:
-    record = options.record
     setup = resolve(options, progress=say)
     if os.environ.get("LAUNCH_DOCTOR_AT_START") == "1" and not dry_run:
         if doctor.run_doctor(setup, strict=True, out=lambda m: say(f"doctor: {m}")):
@@ -201,12 +200,12 @@ def launch(options, dry_run: bool = False) -> int:
     outdir.claim(claim, command=" ".join(cmd), run=checkpoints.identity(setup))
     try:
         check_writable(setup.output_dir)
-        return _run(setup, cmd, record, facts, sentinel_env)
+        return _run(setup, cmd, facts, sentinel_env)
     finally:
         outdir.release(claim)
 
 
-def _run(setup, cmd, record, facts, sentinel_env: dict) -> int:
+def _run(setup, cmd, facts, sentinel_env: dict) -> int:
     log_path = setup.output_dir / "launch.log"
     log_start = log_path.stat().st_size if log_path.exists() else 0
     monitor_dir = setup.output_dir / ".launch" / "heartbeat"
@@ -236,7 +235,7 @@ def _run(setup, cmd, record, facts, sentinel_env: dict) -> int:
         if last is not None:
             say(f"last complete checkpoint: {last}; continue with the same command plus --resume")
         status = 130 if stopped_by == "SIGINT" else (rc or 1)
-    elif record:
+    elif setup.options.record:
         if not observed["loss"]:
             raise LaunchError(f"The run logged no per-step loss in {setup.output_dir}/trainer_state.json.")
         path = judge.record(setup, observed)

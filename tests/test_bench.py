@@ -204,7 +204,7 @@ def test_report_puts_the_planners_prediction_beside_each_measured_figure(tmp_pat
     assert rows["device memory in use (driver)"]["predicted_gib"] == 41.8
     assert rows["device memory in use (driver)"]["measured_gib"] == 43.0
     assert rows["host memory in use (node)"]["predicted_gib"] is None
-    assert rep["predicted_vs_measured"]["what"] == "peak reserved per GPU"
+    assert rows["peak reserved (torch)"]["ratio"] == pytest.approx(42.0 / 40.8)
     text = bench.format_report(rep)
     assert "rank 0" in text and "rank 1" in text and "planner" in text and "0.97" in text
     assert "MFU" in text and "causal-discounted" in text and "tokens/s/GPU" in text
@@ -217,7 +217,7 @@ def test_a_cpu_run_is_compared_on_its_resident_set(tmp_path):
     assert rep["overall"]["mfu"] is None and "CPU" in rep["overall"]["mfu_note"]
     rows = {r["what"]: r for r in rep["memory_vs_plan"]}
     assert rows["peak RSS per process"]["ratio"] == pytest.approx(3.0 / 41.8)
-    assert rep["predicted_vs_measured"]["what"] == "peak RSS per process"
+    assert rows["peak RSS per process"]["predicted_gib"] == 41.8
     assert "MFU omitted (a CPU run" in bench.format_report(rep)
 
 
@@ -225,7 +225,7 @@ def test_an_unknown_gpu_gets_no_mfu_and_says_so(tmp_path):
     _rank_file(tmp_path, 0, [1.0, 1.0, 1.0], tokens=10, device="NVIDIA GeForce RTX 4090")
     o = bench.summarize(tmp_path, SMALL, 128)["overall"]
     assert o["mfu"] is None and o["mfu_causal"] is None and "not in the table of known GPU peaks" in o["mfu_note"]
-    assert "not in the table" in bench.format_summary(bench.summarize(tmp_path, SMALL, 128), None)
+    assert "not in the table" in bench.format_report(bench.summarize(tmp_path, SMALL, 128))
 
 
 @pytest.mark.parametrize("start,threshold", [(640, 1000), (4096, 1000), (16, 100_000), (320, 10)])
