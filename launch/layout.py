@@ -1,6 +1,7 @@
-"""The layout of a run: strategy, ZeRO stage, mesh, data-parallel size, batch, and what every global sequence
-length must be a multiple of. Built once while resolving a run (`launch.resolve`) from the two configs and the
-overrides; the rules, the plan printout, the memory model and the summary all read this one object.
+"""The layout of a run: strategy, ZeRO stage, offload, mesh, data-parallel size, batch, sequence length, the
+per-rank length, and what every global sequence length must be a multiple of. Built once while resolving a run
+(`launch.resolve`) from the two configs and the overrides; the rules, the runner, the plan printout, the summary and
+the memory model (whose `RunShape` holds this object) all read it, and nothing else derives these facts.
 
 Modelled on torchtitan's `ParallelDims`: one object holds the mesh, validated by Accelerate's own
 `ParallelismConfig` where the config has one, and answers the derived questions (data-parallel size, the
@@ -13,37 +14,57 @@ Nothing here starts a process;
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 from launch.constants import MESH_KEYS
 from launch.errors import LaunchError
+from launch.switches import is_on
 
 # Accelerate's DeepSpeedPlugin default when a deepspeed_config names no zero_stage (accelerate/utils/dataclasses.py).
 ACCELERATE_DEFAULT_ZERO_STAGE = 2
 
+# What shards the model states, by kind: DeepSpeed's ZeRO partitions them, FSDP (1 and 2) shards them, DDP and a
+# single process keep a whole copy on every rank.
+SHARDING = {"deepspeed": "zero", "fsdp2": "fsdp", "fsdp1": "fsdp", "ddp": "replicated", "single": "replicated"}
 
-def _on(value) -> bool:
-    """A config switch: true/"true"/"cpu"/"nvme" are on; None/false/"none"/"" are off."""
-    if isinstance(value, str):
-        return value.strip().lower() not in ("", "none", "false", "no", "0", "off")
-    return bool(value)
+
+@functools.cache
+def _sft_defaults() -> dict:
+    # Imported only when a config leaves a field out: a resolved run's training dict holds every field already (the
+    # recipe's own TrlParser filled in the defaults, `launch.training_args.merge`); a recipe's raw config.yaml may not.
+    from trl import SFTConfig
+
+    return {f.name: f.default for f in dataclasses.fields(SFTConfig)}
+
+
+def training_value(training: dict, key: str):
+    """A training field as the ranks get it: the value in `training`, or the default of TRL's SFTConfig (with
+    transformers' TrainingArguments under it) when `training` leaves it out. The one source of the defaults."""
+    return training[key] if key in training else _sft_defaults()[key]
 
 
 @dataclass(frozen=True)
 class Layout:
-    kind: str  # "ddp" | "deepspeed" | "fsdp2" | "fsdp1" | "single": what shards the model states
+    kind: str  # "ddp" | "deepspeed" | "fsdp2" | "fsdp1" | "single": what shards the model states (`SHARDING`)
     distributed_type: str  # Accelerate's distributed_type as written
     zero_stage: int | None  # DeepSpeed only; Accelerate's default (2) when the config names none
     offload_optimizer: bool
     offload_params: bool
     num_machines: int
     world_size: int
-    mesh: dict = field(default_factory=dict)  # dp_replicate, dp_shard, tp, cp, sp
-    per_device_train_batch_size: int = 1
-    gradient_accumulation_steps: int = 1
-    max_length: int | None = None
-    pad_to_multiple_of: int = 1
+    mesh: dict  # dp_replicate, dp_shard, tp, cp, sp
+    # No defaults here: `from_configs` takes the ranks' own (`training_value`), so each fact has one.
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    max_length: int | None  # global sequence length (before the CP / SP split); None: no truncation
+    pad_to_multiple_of: int  # 1: no padding multiple
+
+    def __post_init__(self):
+        if self.kind not in SHARDING:
+            raise ValueError(f"unknown layout kind {self.kind!r}; expected one of {tuple(SHARDING)}")
 
     # ---- built from the configs --------------------------------------------------------------------------------
     @classmethod
@@ -57,15 +78,16 @@ class Layout:
         if dist == "DEEPSPEED":
             kind = "deepspeed"
             stage = int(ds.get("zero_stage", ACCELERATE_DEFAULT_ZERO_STAGE))
-            offload_opt, offload_par = _on(ds.get("offload_optimizer_device")), _on(ds.get("offload_param_device"))
+            offload_opt = is_on(ds.get("offload_optimizer_device"))
+            offload_par = is_on(ds.get("offload_param_device"))
         elif dist == "FSDP":
             kind = "fsdp2" if int(fsdp.get("fsdp_version", 1) or 1) == 2 else "fsdp1"
-            offload_opt = offload_par = _on(fsdp.get("fsdp_offload_params", False))  # the step runs on the host copy
+            offload_opt = offload_par = is_on(fsdp.get("fsdp_offload_params", False))  # the step runs on the host copy
         elif dist in ("MULTI_GPU", "MULTI_CPU"):
             kind = "ddp"
         else:
             kind = "single"
-        max_length = training.get("max_length")
+        max_length = training_value(training, "max_length")
         return cls(
             kind=kind,
             distributed_type=dist,
@@ -75,8 +97,8 @@ class Layout:
             num_machines=int(accelerate.get("num_machines", 1) or 1),
             world_size=world,
             mesh=mesh_from(accelerate, world),
-            per_device_train_batch_size=int(training.get("per_device_train_batch_size", 8)),
-            gradient_accumulation_steps=int(training.get("gradient_accumulation_steps", 1) or 1),
+            per_device_train_batch_size=int(training_value(training, "per_device_train_batch_size")),
+            gradient_accumulation_steps=int(training_value(training, "gradient_accumulation_steps") or 1),
             max_length=int(max_length) if max_length else None,
             pad_to_multiple_of=int(training.get("pad_to_multiple_of") or 1),
         )
@@ -103,7 +125,7 @@ class Layout:
 
     @property
     def processes_per_machine(self) -> int:
-        return self.world_size // max(self.num_machines, 1)
+        return max(self.world_size // max(self.num_machines, 1), 1)
 
     @property
     def dp_world_size(self) -> int:
@@ -111,8 +133,20 @@ class Layout:
         return max(self.world_size // (self.cp * self.sp * self.tp), 1)
 
     @property
+    def sharding(self) -> str:
+        """What shards the model states: "zero" (DeepSpeed), "fsdp" (FSDP1 or FSDP2) or "replicated" (DDP, one
+        process)."""
+        return SHARDING[self.kind]
+
+    @property
     def shard_group(self) -> int:
-        return shard_group(self.kind, self.world_size, self.mesh)
+        """Ranks one copy of the model states is split over: ZeRO partitions over all ranks but TP (DeepSpeed's
+        seq_data_parallel_group, i.e. dp x sp); FSDP over the dp_shard x cp mesh; DDP over none."""
+        if self.sharding == "zero":
+            return max(self.world_size // max(self.tp, 1), 1)
+        if self.sharding == "fsdp":
+            return max(int(self.mesh.get("dp_shard", 1) or 1) * self.cp, 1)
+        return 1
 
     @property
     def seq_multiple(self) -> int:
@@ -131,8 +165,18 @@ class Layout:
         return self.per_device_train_batch_size * self.dp_world_size * self.gradient_accumulation_steps
 
     @property
-    def per_rank_seq_len(self) -> float | None:
-        return self.max_length / (self.cp * self.sp) if self.max_length else None
+    def per_rank_length(self) -> int | None:
+        """Tokens of one sequence that one rank holds: the global length split over the CP x SP ranks, an integer,
+        rounded up. Rounded up because the rank with the largest share sets the memory: a length that does not divide
+        (the planner's length search tries such lengths) leaves some rank ceil(length / ranks) tokens. The CP / SP
+        rules keep a run's lengths multiples of `seq_multiple`, which CP x SP divides, so for a valid run this is the
+        exact share. None without a max_length (no truncation)."""
+        return math.ceil(self.max_length / (self.cp * self.sp)) if self.max_length else None
+
+    @property
+    def tokens_per_rank(self) -> int | None:
+        """Tokens one rank holds in a micro-batch: per-device batch x per-rank length."""
+        return self.per_device_train_batch_size * self.per_rank_length if self.max_length else None
 
     @property
     def tokens_per_step(self) -> int | None:
@@ -156,7 +200,7 @@ class Layout:
         return name
 
     def as_dict(self) -> dict:
-        derived = ("strategy", "dp_world_size", "shard_group", "seq_multiple", "effective_batch", "per_rank_seq_len",
+        derived = ("strategy", "dp_world_size", "shard_group", "seq_multiple", "effective_batch", "per_rank_length",
                    "tokens_per_step")
         return {**asdict(self), **{name: getattr(self, name) for name in derived}}
 
@@ -174,19 +218,9 @@ class Layout:
         if self.max_length:
             lines.append(f"sequence length          {self.max_length} tokens (global)")
             lines.append(f"length multiple          {self.seq_multiple} (every global length must be one)")
-            lines.append(f"per-rank sequence length {self.per_rank_seq_len:g} tokens")
+            lines.append(f"per-rank sequence length {self.per_rank_length} tokens")
             lines.append(f"tokens per step          at most {self.tokens_per_step} (effective batch x sequence length)")
         return "\n".join(lines)
-
-
-def shard_group(kind: str, world_size: int, mesh: dict) -> int:
-    """Ranks one copy of the model states is split over: ZeRO partitions over all ranks but TP (DeepSpeed's
-    seq_data_parallel_group, i.e. dp x sp); FSDP2 over the dp_shard x cp mesh; DDP over none."""
-    if kind == "deepspeed":
-        return max(world_size // max(int(mesh.get("tp", 1) or 1), 1), 1)
-    if kind == "fsdp2":
-        return max(int(mesh.get("dp_shard", 1) or 1) * int(mesh.get("cp", 1) or 1), 1)
-    return 1
 
 
 def mesh_from(accelerate: dict, world_size: int) -> dict:

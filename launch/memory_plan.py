@@ -1,6 +1,7 @@
 """A resolved run's memory plan for a target machine: the one place that assembles the memory model's inputs
 (the model's config.json -> its `Architecture`; the run's `Layout`, configs and checkpointing -> its `RunShape`;
-the target's GPUs and host memory) and its answer.
+the target's GPUs and host memory) and its answer. The plan's lengths are its layout's (`MemoryPlan.layout`: with
+`auto`, the run's layout at the length found), so a printout of both shows one length.
 
 Used by the run's preflight and `--dry-run` (`launch.runner`), `python -m launch plan` and `bench`
 (`launch.commands`), the README "fits on" lines (`launch.readme_blocks`) and the bench summary. Reads only the
@@ -13,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from launch import hub, memory
 from launch.errors import LaunchError
+from launch.layout import Layout
 
 # What an "80 GB" H100 or A100 reports (torch.cuda.get_device_properties(0).total_memory, in GiB): the default target.
 GPU_MEMORY_GIB = memory.H100_80GB_GIB
@@ -51,19 +53,31 @@ def run_shape(setup) -> memory.RunShape:
 class MemoryPlan:
     estimate: memory.Estimate
     arch: memory.Architecture
-    run: memory.RunShape
+    run: memory.RunShape  # its layout is the run's, at the length planned
     target: Target
-    max_length: int
     longest: int | None  # with auto: the longest global length that fits
-    multiple: int
+
+    @property
+    def layout(self) -> Layout:
+        """The run's layout at the length the estimate is for (with auto: the length found)."""
+        return self.run.layout
+
+    @property
+    def max_length(self) -> int:
+        return self.layout.max_length
+
+    @property
+    def multiple(self) -> int:
+        """What the length search steps by: the layout's `seq_multiple`."""
+        return self.layout.seq_multiple
 
     @property
     def fits(self) -> bool:
         return memory.fits(self.estimate, self.target.gpu_memory_gib, self.target.host_memory_gib)
 
     def at_length(self, length: int) -> "MemoryPlan":
-        run = replace(self.run, max_length=int(length))
-        return replace(self, estimate=memory.estimate(self.arch, run), run=run, max_length=run.max_length, longest=None)
+        run = self.run.with_length(length)
+        return replace(self, estimate=memory.estimate(self.arch, run), run=run, longest=None)
 
     def as_json(self) -> dict:
         est = self.estimate
@@ -93,12 +107,12 @@ def plan_memory(setup, target: Target, auto: bool = False, model: hub.ModelConfi
     model = model if model is not None else hub.read_model_config(setup.training.get("model_name_or_path"))
     arch = architecture(model)
     run = run_shape(setup)
-    multiple = setup.layout.seq_multiple
     longest = None
     if auto:
+        multiple = run.layout.seq_multiple
         longest = memory.longest_length(arch, run, target.gpu_memory_gib, target.host_memory_gib, multiple)
-        run = replace(run, max_length=longest or multiple)
-    return MemoryPlan(memory.estimate(arch, run), arch, run, target, run.max_length, longest, multiple)
+        run = run.with_length(longest or multiple)
+    return MemoryPlan(memory.estimate(arch, run), arch, run, target, longest)
 
 
 def describe(plan: MemoryPlan) -> str:

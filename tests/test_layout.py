@@ -12,6 +12,7 @@ from launch.memory_plan import run_shape
 from launch.options import Options
 from launch.recipes import find_recipe
 from launch.resolve import resolve
+from launch.switches import is_on
 
 QWEN2_05B = {"num_attention_heads": 14, "num_key_value_heads": 2}  # the alst-ulysses-4gpu GPU default (its heads)
 from helpers.rule_checks import facts, make_recipe, messages
@@ -26,7 +27,7 @@ def test_a_deepspeed_config_without_zero_stage_is_accelerates_default_everywhere
     setup = resolve(Options(recipe=str(folder), smoke=True, cpu=True))
     assert ACCELERATE_DEFAULT_ZERO_STAGE == 2
     assert setup.layout.zero_stage == 2 and setup.layout.strategy.startswith("DeepSpeed ZeRO-2 ")
-    assert run_shape(setup).zero_stage == 2  # the memory model
+    assert run_shape(setup).layout is setup.layout  # the memory model reads the same object
     assert rules.sp_zero_stage(setup, facts(model_config=QWEN2_05B)) is None  # the rule
     assert messages(setup, facts(model_config=QWEN2_05B)) == []
     proc = launch_in_process(folder, "--smoke", "--cpu", "--dry-run")  # the plan printout
@@ -37,10 +38,47 @@ def test_the_layout_answers_the_derived_questions():
     ring = resolve(Options(recipe="ring-cp-8gpu")).layout
     assert (ring.kind, ring.cp, ring.dp_world_size, ring.shard_group) == ("fsdp2", 8, 1, 8)
     assert ring.seq_multiple == 16 and ring.max_length % ring.seq_multiple == 0  # 2 x cp (load balancing)
-    assert ring.per_rank_seq_len == ring.max_length / 8
+    assert ring.per_rank_length == ring.max_length // 8 and ring.tokens_per_rank == ring.per_rank_length
     alst = resolve(Options(recipe="alst-ulysses-4gpu")).layout
     assert (alst.kind, alst.zero_stage, alst.sp, alst.dp_world_size, alst.shard_group) == ("deepspeed", 3, 2, 2, 4)
     assert alst.seq_multiple % 2 == 0
     ddp = Layout.from_configs({"distributed_type": "MULTI_GPU", "num_processes": 4}, {"max_length": 100})
     assert (ddp.mesh["dp_replicate"], ddp.dp_world_size, ddp.shard_group, ddp.seq_multiple) == (4, 4, 1, 1)
     assert ddp.effective_batch == 8 * 4  # TrainingArguments' per-device default 8
+
+
+def test_the_per_rank_length_is_one_integer_rounded_up():
+    """One per-rank length for the printout and the memory model: the largest rank's share of a length that does
+    not divide (the planner's search tries such lengths), the exact share of one that does."""
+    sp4 = Layout.from_configs({"distributed_type": "DEEPSPEED", "num_processes": 4, "deepspeed_config": {"zero_stage": 3},
+                               "parallelism_config": {"parallelism_config_sp_size": 4,
+                                                      "parallelism_config_dp_shard_size": 1}},
+                              {"max_length": 4097, "per_device_train_batch_size": 2})
+    assert sp4.sp == 4 and sp4.per_rank_length == 1025 and sp4.tokens_per_rank == 2050
+    assert sp4.with_length(4096).per_rank_length == 1024
+    assert "per-rank sequence length 1025 tokens" in sp4.describe()
+
+
+def test_defaults_are_trls_and_switches_read_one_way():
+    """A config that leaves a training field out gets SFTConfig's default (read from TRL's dataclass, not typed
+    here); the offload switches read booleans, flag words and DeepSpeed's device names the same way everywhere."""
+    from trl import SFTConfig
+
+    layout = Layout.from_configs({"distributed_type": "MULTI_GPU", "num_processes": 2}, {})
+    upstream = SFTConfig.__dataclass_fields__
+    assert layout.max_length == upstream["max_length"].default
+    assert layout.per_device_train_batch_size == upstream["per_device_train_batch_size"].default
+    assert layout.gradient_accumulation_steps == upstream["gradient_accumulation_steps"].default
+
+    def offload(optimizer, params):
+        ds = {"zero_stage": 3, "offload_optimizer_device": optimizer, "offload_param_device": params}
+        got = Layout.from_configs({"distributed_type": "DEEPSPEED", "num_processes": 2, "deepspeed_config": ds}, {})
+        return got.offload_optimizer, got.offload_params
+
+    assert offload("cpu", "nvme") == (True, True) and offload(" CPU ", "none") == (True, False)
+    assert offload(None, "") == (False, False)
+    for on in (True, 1, "true", "True", "yes", "on", "1", "y", "t", "cpu", "nvme"):
+        assert is_on(on), on
+    for off in (None, False, 0, "", "none", "false", "no", "off", "0", "FULL_SHARD"):
+        assert not is_on(off), off
+

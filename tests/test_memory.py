@@ -6,9 +6,9 @@ Run the calibration table with `pytest tests/test_memory.py -s -k calibration`.
 
 from __future__ import annotations
 
-import json
-
+import dataclasses
 import functools
+import json
 import math
 import os
 import types
@@ -20,6 +20,7 @@ import yaml
 
 from helpers import memory_measure
 from launch.memory import constants, terms
+from launch.layout import Layout
 from launch.memory import Architecture, RunShape, estimate, fits, format_table, longest_length
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,6 +46,27 @@ def mesh(**sizes) -> dict:
     return {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "cp": 1, "sp": 1, **sizes}
 
 
+DISTRIBUTED_TYPE = {"deepspeed": "DEEPSPEED", "fsdp2": "FSDP", "ddp": "MULTI_GPU"}
+LAYOUT_FIELDS = {f.name for f in dataclasses.fields(Layout)}
+
+
+def run_shape(**kw) -> RunShape:
+    """A run shape written out: `Layout` fields (kind, world_size, mesh, zero_stage, offload_*, max_length, ...) go
+    to its layout, the rest to the run shape. What the run gets from its configs is `RunShape.from_configs`
+    (tested on the recipes below); these are the published setups and hand-computed cases."""
+    layout = dict(kind="deepspeed", zero_stage=None, offload_optimizer=False, offload_params=False, num_machines=1,
+                  world_size=1, mesh=mesh(), per_device_train_batch_size=1, gradient_accumulation_steps=1,
+                  pad_to_multiple_of=1)
+    layout.update({k: kw.pop(k) for k in list(kw) if k in LAYOUT_FIELDS})
+    layout.setdefault("distributed_type", DISTRIBUTED_TYPE[layout["kind"]])
+    return RunShape(layout=Layout(**layout), **kw)
+
+
+def relayout(run: RunShape, **layout) -> RunShape:
+    """`run` with some of its layout's fields changed."""
+    return replace(run, layout=replace(run.layout, **layout))
+
+
 # =====================================================================================================================
 # Calibration: published measurements only, each with its source. Predicted values are computed, never typed in.
 # =====================================================================================================================
@@ -68,10 +90,10 @@ def blog_run(sp: int, length: int, offload_optimizer: bool = False) -> RunShape:
     `offload_optimizer: {device: cpu}` under an Accelerate config's `deepspeed_config`, a key Accelerate does not
     read (it reads `offload_optimizer_device`; accelerate/commands/launch.py copies unknown keys onto unused args).
     """
-    return RunShape(world_size=sp, mesh=mesh(sp=sp), strategy="deepspeed", zero_stage=3,
-                    offload_optimizer=offload_optimizer, weights_dtype="bfloat16", mixed_precision="bf16",
-                    gradient_checkpointing=True, attn_implementation="flash_attention_2", loss="full_logits",
-                    per_device_batch=1, max_length=length, gradient_accumulation_steps=8)
+    return run_shape(world_size=sp, mesh=mesh(sp=sp), kind="deepspeed", zero_stage=3,
+                     offload_optimizer=offload_optimizer, weights_dtype="bfloat16", mixed_precision="bf16",
+                     gradient_checkpointing=True, attn_implementation="flash_attention_2", loss="full_logits",
+                     per_device_train_batch_size=1, max_length=length, gradient_accumulation_steps=8)
 
 
 def pr6846_run() -> RunShape:
@@ -80,9 +102,10 @@ def pr6846_run() -> RunShape:
     pad_to_multiple_of 16, bf16 (model loaded in bf16 via model_init_kwargs), SFTConfig's default gradient
     checkpointing with `gradient_checkpointing_kwargs={"offload": True}` (pinned save_on_cpu), SDPA (CP's only
     kernel), the chunked NLL loss (TRL's default), YaRN x32 (changes no memory)."""
-    return RunShape(world_size=8, mesh=mesh(cp=8), strategy="fsdp2", weights_dtype="bfloat16", mixed_precision="bf16",
-                    gradient_checkpointing=True, offload_activations=True, attn_implementation="sdpa",
-                    loss="fused_chunked", per_device_batch=1, max_length=1_048_576, cp_comm_strategy="allgather")
+    return run_shape(world_size=8, mesh=mesh(cp=8), kind="fsdp2", weights_dtype="bfloat16", mixed_precision="bf16",
+                     gradient_checkpointing=True, offload_activations=True, attn_implementation="sdpa",
+                     loss="fused_chunked", per_device_train_batch_size=1, max_length=1_048_576,
+                     cp_comm_strategy="allgather")
 
 
 def alst_run(length: int = 500_000) -> RunShape:
@@ -93,11 +116,11 @@ def alst_run(length: int = 500_000) -> RunShape:
     FlashAttention-2, activation_checkpoint_cpu_offload (reentrant CheckpointFunction patched to move the layer
     input to pageable CPU memory, transformers 4.51 default use_reentrant=True), tiled_mlp_compute (shards
     ceil(seqlen / hidden)), max_length 500000, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."""
-    return RunShape(world_size=1, mesh=mesh(), strategy="deepspeed", zero_stage=3, offload_optimizer=True,
-                    offload_params=True, weights_dtype="bfloat16", mixed_precision="bf16", gradient_checkpointing=True,
-                    offload_activations=True, offload_pinned=False, checkpoint_reentrant=True,
-                    tiled_mlp=True, liger_kernels=True, attn_implementation="flash_attention_2", loss="liger_flce",
-                    per_device_batch=1, max_length=length)
+    return run_shape(world_size=1, mesh=mesh(), kind="deepspeed", zero_stage=3, offload_optimizer=True,
+                     offload_params=True, weights_dtype="bfloat16", mixed_precision="bf16", gradient_checkpointing=True,
+                     offload_activations=True, offload_pinned=False, checkpoint_reentrant=True,
+                     tiled_mlp=True, liger_kernels=True, attn_implementation="flash_attention_2", loss="liger_flce",
+                     per_device_train_batch_size=1, max_length=length)
 
 
 def calibration_rows() -> list[dict]:
@@ -257,10 +280,11 @@ TOY_P = 2 * 592 + 2 * 256 + 8
 
 
 def toy_run(**kw) -> RunShape:
-    base = dict(world_size=4, mesh=mesh(dp_shard=4), strategy="deepspeed", zero_stage=3, weights_dtype="bfloat16",
-                mixed_precision="bf16", attn_implementation="flash_attention_2", per_device_batch=1, max_length=10)
+    base = dict(world_size=4, mesh=mesh(dp_shard=4), kind="deepspeed", zero_stage=3, weights_dtype="bfloat16",
+                mixed_precision="bf16", attn_implementation="flash_attention_2", per_device_train_batch_size=1,
+                max_length=10)
     base.update(kw)
-    return RunShape(**base)
+    return run_shape(**base)
 
 
 def test_toy_parameter_count():
@@ -293,7 +317,7 @@ def test_zero1_and_zero2_partition_less():
 
 
 def test_fsdp2_shards_are_fp32_under_mixed_precision():
-    run = toy_run(strategy="fsdp2", zero_stage=None)
+    run = toy_run(kind="fsdp2", zero_stage=None)
     s = terms.model_state_bytes(TOY, run)
     assert s["params_gpu"] == s["grads_gpu"] == 4 * TOY_P / 4 and s["optim_gpu"] == 8 * TOY_P / 4
     s = terms.model_state_bytes(TOY, replace(run, mixed_precision="no"))  # bf16 model, no mixed precision: bf16 shards
@@ -301,7 +325,7 @@ def test_fsdp2_shards_are_fp32_under_mixed_precision():
 
 
 def test_ddp_bf16_model_trains_pure_bf16():
-    run = toy_run(strategy="ddp", zero_stage=None, world_size=4, mesh=mesh(dp_replicate=4))
+    run = toy_run(kind="ddp", zero_stage=None, world_size=4, mesh=mesh(dp_replicate=4))
     s = terms.model_state_bytes(TOY, run)
     assert s["params_gpu"] == s["grads_gpu"] == 2 * TOY_P and s["optim_gpu"] == 4 * TOY_P
     assert terms.comm_buffer_bytes(TOY, run, "layer") == 2 * TOY_P  # reducer buckets: a second copy of the grads
@@ -313,8 +337,8 @@ def test_gathered_parameters():
     assert terms.gathered_param_bytes(TOY, run, "loss") == 2 * TOY_P
     big = replace(run, max_live_parameters=100)
     assert terms.gathered_param_bytes(TOY, big, "loss") == 2 * (256 + 2 * 592)
-    assert terms.gathered_param_bytes(TOY, replace(run, world_size=1, mesh=mesh()), "loss") == 0  # nothing to gather
-    fsdp = toy_run(strategy="fsdp2", zero_stage=None)
+    assert terms.gathered_param_bytes(TOY, relayout(run, world_size=1, mesh=mesh()), "loss") == 0  # nothing to gather
+    fsdp = toy_run(kind="fsdp2", zero_stage=None)
     assert terms.gathered_param_bytes(TOY, fsdp, "layer") == 2 * 2 * 592
     assert terms.gathered_param_bytes(TOY, fsdp, "loss") == 2 * (592 + 256 + 8)
 
@@ -324,7 +348,7 @@ def test_communication_buffers():
     assert terms.comm_buffer_bytes(TOY, run, "loss") == 2 * 1000
     assert terms.comm_buffer_bytes(TOY, run, "layer") == 2 * (1000 + 1000)  # + the reduce-scatter cat
     assert terms.comm_buffer_bytes(TOY, toy_run(zero_stage=2, reduce_bucket_size=1000), "layer") == 2 * (1000 + 592)
-    assert terms.comm_buffer_bytes(TOY, toy_run(strategy="fsdp2", zero_stage=None), "layer") == 2 * 2 * 592
+    assert terms.comm_buffer_bytes(TOY, toy_run(kind="fsdp2", zero_stage=None), "layer") == 2 * 2 * 592
     cpu = toy_run(device="cpu")  # only touched pages: at most the gradients
     assert terms.comm_buffer_bytes(TOY, cpu, "loss") == 4 * TOY_P
 
@@ -363,7 +387,7 @@ def test_layer_working_set_liger_tiled_and_reentrant():
 
 def test_ring_cp_and_ulysses_attention_terms():
     base = toy_run(max_length=40, world_size=2, mesh=mesh(cp=2))
-    four = replace(base, world_size=4, mesh=mesh(cp=4))
+    four = relayout(base, world_size=4, mesh=mesh(cp=4))
     # allgather keeps cp x local K+V: two more ranks add 2 x (2 bytes x 2 x kv_dim 4) per local token
     a2 = terms.layer_working_set_bytes(TOY, base, n_tokens=10)["attention_backward"]
     a4 = terms.layer_working_set_bytes(TOY, four, n_tokens=10)["attention_backward"]
@@ -374,13 +398,13 @@ def test_ring_cp_and_ulysses_attention_terms():
     sp2 = toy_run(world_size=2, mesh=mesh(sp=2))
     assert terms._kv_dim_attention(TOY, sp2) == 4 * 2
     assert terms.layer_saved_bytes_per_token(TOY, sp2)["attention"]["Ulysses local output"] == 2 * 8
-    assert sp2.per_rank_length == 5 and four.per_rank_length == 10
+    assert sp2.layout.per_rank_length == 5 and four.layout.per_rank_length == 10
 
 
 def test_eager_attention_is_quadratic():
     run = toy_run(attn_implementation="eager", world_size=1, mesh=mesh())
-    short = terms.layer_working_set_bytes(TOY, replace(run, max_length=100))["peak"]
-    long = terms.layer_working_set_bytes(TOY, replace(run, max_length=200))["peak"]
+    short = terms.layer_working_set_bytes(TOY, run.with_length(100))["peak"]
+    long = terms.layer_working_set_bytes(TOY, run.with_length(200))["peak"]
     assert long / short > 3.5
 
 
@@ -409,8 +433,8 @@ def test_optimizer_step_temporaries():
 
 def test_offloaded_activations_use_power_of_two_pinned_blocks():
     llama = ARCH["meta-llama/Llama-3.1-8B-Instruct"]
-    run = RunShape(world_size=8, mesh=mesh(sp=8), strategy="deepspeed", zero_stage=3, max_length=3_700_000,
-                   per_device_batch=1, gradient_checkpointing=True, offload_activations=True)
+    run = run_shape(world_size=8, mesh=mesh(sp=8), kind="deepspeed", zero_stage=3, max_length=3_700_000,
+                    per_device_train_batch_size=1, gradient_checkpointing=True, offload_activations=True)
     hidden = 462_500 * 4096 * 2  # 3.79e9 bytes -> a 4 GiB block (alst-ulysses-8gpu's layer input)
     assert terms.offloaded_activation_host_bytes(llama, run) == 32 * 4 * GIB
     assert terms.offloaded_activation_host_bytes(llama, replace(run, offload_pinned=False)) == 32 * hidden
@@ -445,13 +469,13 @@ def test_kernel_length_limits():
     assert terms.kernel_length_limits(llama, replace(alst_run(), liger_kernels=False)) == []
     (_, limit), = terms.kernel_length_limits(llama, alst_run())
     assert limit == (2**31 - 1) // 4096 == 524_287
-    sp8 = replace(alst_run(), world_size=8, mesh=mesh(sp=8))
+    sp8 = relayout(alst_run(), world_size=8, mesh=mesh(sp=8))
     assert terms.kernel_length_limits(llama, sp8)[0][1] == 8 * 524_287
     assert any("kernel limit" in n for n in estimate(llama, alst_run(600_000)).notes)
 
 
 def test_fsdp2_without_reshard_keeps_every_unit_gathered():
-    run = toy_run(strategy="fsdp2", zero_stage=None, fsdp_reshard_after_forward=False)
+    run = toy_run(kind="fsdp2", zero_stage=None, fsdp_reshard_after_forward=False)
     assert terms.gathered_param_bytes(TOY, run, "layer") == 2 * TOY_P
 
 
@@ -479,8 +503,8 @@ def test_longest_length_is_a_monotonic_multiple():
     a = longest_length(arch, run, 60.0, multiple=16)
     b = longest_length(arch, run, 79.1, multiple=16)
     assert a % 16 == 0 and b % 16 == 0 and 0 < a < b
-    assert fits(estimate(arch, replace(run, max_length=b)), 79.1)
-    assert not fits(estimate(arch, replace(run, max_length=b + 16)), 79.1)
+    assert fits(estimate(arch, run.with_length(b)), 79.1)
+    assert not fits(estimate(arch, run.with_length(b + 16)), 79.1)
     assert longest_length(arch, run, 5.0) == 0  # the model states alone do not fit
 
 
@@ -501,7 +525,7 @@ def test_cpu_mode_is_a_process_rss():
     training = {**recipe["training"], "use_cpu": True, "bf16": False, "dtype": "float32",
                 "per_device_train_batch_size": 4, "max_length": 128, "attn_implementation": "sdpa"}
     acc = {**recipe["accelerate"], "mixed_precision": "no"}
-    run = RunShape.from_configs(acc, training, world_size=2, num_machines=1, device="cpu")
+    run = RunShape.from_configs({**acc, "num_processes": 2, "num_machines": 1}, training, device="cpu")
     assert run.device == "cpu" and run.act_bytes == 4 and run.mixed_precision == "no"
     est = estimate(arch, run)
     names = [t.name for t in est.gpu_terms]
@@ -538,23 +562,11 @@ def load_recipe(name: str) -> dict:
     return {"training": dict(training), "accelerate": dict(accelerate)}
 
 
-def yaml_mesh(accelerate: dict, world: int) -> dict:
-    """The mesh as Accelerate reads the YAML (launch/plan.py does the same; not imported here: it imports
-    accelerate, which takes seconds)."""
-    pc = accelerate.get("parallelism_config") or {}
-    dims = ("dp_replicate", "dp_shard", "tp", "cp", "sp")
-    out = {d: int(pc.get(f"parallelism_config_{d}_size", 1) or 1) for d in dims}
-    if not pc:
-        out["dp_shard" if accelerate.get("distributed_type") == "FSDP" else "dp_replicate"] = world
-    return out
-
-
 def recipe_run(name: str) -> tuple[Architecture, RunShape]:
+    """The recipe's GPU defaults as the memory model reads them: its layout built by `Layout.from_configs` (the mesh
+    by `launch.layout.mesh_from`, through Accelerate's ParallelismConfig), the rest off its two configs."""
     r = load_recipe(name)
-    world = int(r["accelerate"]["num_processes"])
-    run = RunShape.from_configs(r["accelerate"], r["training"], yaml_mesh(r["accelerate"], world), world,
-                                int(r["accelerate"].get("num_machines", 1)), "gpu")
-    return ARCH[r["training"]["model_name_or_path"]], run
+    return ARCH[r["training"]["model_name_or_path"]], RunShape.from_configs(r["accelerate"], r["training"])
 
 
 SHIPPED = ["alst-ulysses-4gpu", "alst-ulysses-8gpu", "ddp", "ring-cp-2gpu", "ring-cp-4gpu", "ring-cp-8gpu", "zero1",
@@ -570,59 +582,64 @@ def test_the_shipped_recipes_are_all_read():
 def test_from_configs_on_every_recipe(name):
     arch, run = recipe_run(name)
     r = load_recipe(name)
-    assert run.world_size == r["accelerate"]["num_processes"]
-    assert math.prod(run.mesh.values()) == run.world_size
+    layout = run.layout
+    assert layout.world_size == r["accelerate"]["num_processes"]
+    assert math.prod(layout.mesh.values()) == layout.world_size
     assert run.weights_dtype == "bfloat16" and run.mixed_precision == "bf16" and run.gradient_checkpointing
-    assert run.max_length == r["training"]["max_length"]
-    assert run.per_device_batch == r["training"]["per_device_train_batch_size"]
+    assert layout.max_length == r["training"]["max_length"]
+    assert layout.per_device_train_batch_size == r["training"]["per_device_train_batch_size"]
     expected = {"ddp": ("ddp", None), "zero1": ("deepspeed", 1), "zero2": ("deepspeed", 2),
                 "zero3": ("deepspeed", 3), "zero3-offload": ("deepspeed", 3)}
     if name in expected:
-        assert (run.strategy, run.zero_stage) == expected[name]
+        assert (layout.kind, layout.zero_stage) == expected[name]
     # zero3-offload offloads both; alst-ulysses-8gpu only the optimizer (ZeRO-3 + optimizer offload); the rest none
     expected = {"zero3-offload": (True, True), "alst-ulysses-8gpu": (True, False)}.get(name, (False, False))
-    assert (run.offload_optimizer, run.offload_params) == expected
+    assert (layout.offload_optimizer, layout.offload_params) == expected
     est = estimate(arch, run)
-    assert est.gpu_peak_gib > 0 and est.per_rank_length == math.ceil(run.max_length / (run.cp * run.sp))
+    assert est.gpu_peak_gib > 0 and est.per_rank_length == math.ceil(layout.max_length / (layout.cp * layout.sp))
 
 
 def test_from_configs_alst_ulysses_8gpu():
     _, run = recipe_run("alst-ulysses-8gpu")
-    assert (run.strategy, run.zero_stage, run.sp, run.world_size) == ("deepspeed", 3, 8, 8)
-    assert run.offload_optimizer and not run.offload_params and run.tiled_mlp and run.tiled_mlp_shards is None
+    layout = run.layout
+    assert (layout.kind, layout.zero_stage, layout.sp, layout.world_size) == ("deepspeed", 3, 8, 8)
+    assert layout.offload_optimizer and not layout.offload_params and run.tiled_mlp and run.tiled_mlp_shards is None
     assert run.attn_implementation == "sdpa" and run.offload_activations  # transformers' offload
-    assert run.per_rank_length == 462_500 and run.loss == "fused_chunked"
+    assert layout.per_rank_length == 462_500 and run.loss == "fused_chunked"
 
 
 def test_from_configs_ring_cp_8gpu():
     _, run = recipe_run("ring-cp-8gpu")
-    assert (run.strategy, run.cp, run.world_size) == ("fsdp2", 8, 8)
+    assert (run.layout.kind, run.layout.cp, run.layout.world_size) == ("fsdp2", 8, 8)
     assert run.gradient_checkpointing and run.offload_activations  # transformers' checkpointing with offload (TRL #6846)
     assert not run.liger_kernels and run.attn_implementation == "sdpa" and run.cp_comm_strategy == "allgather"
-    assert run.shard_group == 8 and run.per_rank_length == 1_048_576 // 8
+    assert run.layout.shard_group == 8 and run.layout.per_rank_length == 1_048_576 // 8
 
 
 def test_from_configs_ddp_mesh_without_parallelism_config():
     _, run = recipe_run("ddp")
-    assert run.strategy == "ddp" and run.mesh["dp_replicate"] == 8 and run.shard_group == 1
-    run = RunShape.from_configs({"distributed_type": "MULTI_GPU", "num_processes": 4}, {}, None, None, None, "gpu")
-    assert run.mesh == mesh(dp_replicate=4)
+    assert run.layout.kind == "ddp" and run.layout.mesh["dp_replicate"] == 8 and run.layout.shard_group == 1
+    run = RunShape.from_configs({"distributed_type": "MULTI_GPU", "num_processes": 4}, {})
+    assert run.layout.mesh == mesh(dp_replicate=4)
 
 
 def test_from_configs_defaults_and_offload_switches():
     acc = {"distributed_type": "FSDP", "num_processes": 4, "fsdp_config": {"fsdp_version": 2,
            "fsdp_activation_checkpointing": True, "fsdp_activation_checkpointing_offload": True,
            "fsdp_offload_params": True}}
-    run = RunShape.from_configs(acc, {}, None, None, None, "gpu")
-    assert run.offload_activations and run.offload_params and run.offload_optimizer
+    run = RunShape.from_configs(acc, {})
+    assert run.offload_activations and run.layout.offload_params and run.layout.offload_optimizer
     assert run.weights_dtype == "float32"  # ModelConfig's dtype default, which train.py passes to the model
-    assert (run.max_length, run.per_device_batch, run.mixed_precision) == (1024, 8, "bf16")  # SFTConfig defaults
-    assert run.mesh["dp_shard"] == 4
+    # SFTConfig's defaults (TrainingArguments' per-device batch 8), read from TRL's dataclass
+    assert (run.layout.max_length, run.layout.per_device_train_batch_size, run.mixed_precision) == (1024, 8, "bf16")
+    assert run.layout.mesh["dp_shard"] == 4
+    # `max_length: null` (no truncation) leaves the layout without a length; the memory model plans at SFTConfig's default
+    assert RunShape.from_configs(acc, {"max_length": None}).layout.max_length == 1024
     trl = {"gradient_checkpointing_kwargs": {"offload": True}, "label_smoothing_factor": 0.1}
-    run = RunShape.from_configs({"distributed_type": "MULTI_GPU", "num_processes": 2}, trl, None, None, None, "gpu")
-    assert run.offload_activations and run.loss == "full_logits" and run.mesh["dp_replicate"] == 2
+    run = RunShape.from_configs({"distributed_type": "MULTI_GPU", "num_processes": 2}, trl)
+    assert run.offload_activations and run.loss == "full_logits" and run.layout.mesh["dp_replicate"] == 2
     ds = {"distributed_type": "DEEPSPEED", "num_processes": 2, "deepspeed_config": {}}
-    assert RunShape.from_configs(ds, {}, None, None, None, "gpu").zero_stage == 2  # Accelerate's default stage
+    assert RunShape.from_configs(ds, {}).layout.zero_stage == 2  # Accelerate's default stage
 
 
 def test_recipes_on_80gb():
@@ -637,10 +654,10 @@ def test_recipes_on_80gb():
         r = load_recipe(name)["training"]
         multiple = int(r.get("pad_to_multiple_of") or 1)
         longest = longest_length(arch, run, H100, multiple=multiple)
-        lines.append(f"{name:<20} max_length {run.max_length:>9,}  peak {est.gpu_peak_gib:6.1f} GiB  "
+        lines.append(f"{name:<20} max_length {run.layout.max_length:>9,}  peak {est.gpu_peak_gib:6.1f} GiB  "
                      f"{'fits' if fits(est, H100) else 'DOES NOT FIT'}  longest {longest:>10,}  "
                      f"host/node {est.host_per_node_gib:7.1f} GiB  largest: {est.largest_gpu_term().name}")
-        assert fits(est, H100) and longest >= run.max_length, lines[-1]
+        assert fits(est, H100) and longest >= run.layout.max_length, lines[-1]
         if name in ("ring-cp-2gpu", "ring-cp-4gpu"):  # README: the longest that fits with 10% of the memory spare
             assert 0.8 * H100 <= est.gpu_peak_gib <= 0.9 * H100, lines[-1]
     print("\n" + "\n".join(lines))

@@ -5,6 +5,7 @@ model's terms and its calibration against published runs are in tests/test_memor
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -49,6 +50,10 @@ def test_ring_cp_8gpu_longest_length_offline(capsys, only_config):
     rc, out, err = plan(capsys, "ring-cp-8gpu", "--model", only_config(QWEN3_8B), "--max-length", "auto")
     assert rc == 0, err
     assert "Longest global max_length that fits:" in out and "(a multiple of 16)" in out
+    # one length: the layout above the table is printed at the length found, as the table is
+    found = int(re.search(r"fits: ([\d,]+) tokens", out).group(1).replace(",", ""))
+    assert f"sequence length          {found} tokens (global)" in out
+    assert f"per-rank sequence length {found // 8} tokens" in out and f"per-rank length {found // 8} tokens" in out
     rc, out, _ = plan(capsys, "ring-cp-8gpu", "--model", only_config(QWEN3_8B), "--max-length", "auto", "--json")
     longest = json.loads(out)["max_length"]
     assert longest % 16 == 0 and longest >= 1_048_576  # the recipe's own default fits

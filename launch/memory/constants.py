@@ -47,7 +47,6 @@ INT32_ELEMENTS = 2**31
 
 LOSSES = ("fused_chunked", "full_logits", "liger_flce")
 ATTENTIONS = ("flash_attention_2", "flash_attention_3", "sdpa", "eager")
-STRATEGIES = ("ddp", "deepspeed", "fsdp2")
 
 
 def gib(nbytes: float) -> float:

@@ -3,42 +3,72 @@ a budget, and the longest length that does."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass
 
 from launch.memory.architecture import Architecture
-from launch.memory.constants import (CPU_DEEPSPEED_ENGINE_GIB, CPU_RUNTIME_BASELINE_GIB, LOSSES, OVERHEAD, STRATEGIES,
-                                     gib, pow2)
+from launch.memory.constants import CPU_DEEPSPEED_ENGINE_GIB, CPU_RUNTIME_BASELINE_GIB, LOSSES, OVERHEAD, gib, pow2
 from launch.memory.results import Estimate, Term
 from launch.memory.run_shape import RunShape
 from launch.memory.terms import (checkpointed_input_bytes, comm_buffer_bytes, gathered_param_bytes, kernel_length_limits,
                                  layer_working_set_bytes, loss_bytes, model_state_bytes,
                                  offloaded_activation_host_bytes, optimizer_step_bytes, stored_activation_bytes)
 
-
-def _zero_label(run: RunShape) -> str:
-    if run.strategy == "deepspeed":
-        return f"zero_stage {run.zero_stage}"
-    return {"ddp": "DDP (replicated)", "fsdp2": "FSDP2 sharding (dp_shard x cp)"}[run.strategy]
+HOST_STATES = ("params_host", "params_host_pinned", "grads_host", "optim_host")
+PHASE_KEY = {"loss": "loss", "layer": "layer", "optimizer step": "step"}  # phase name -> the terms' phase argument
 
 
 def estimate(arch: Architecture, run: RunShape) -> Estimate:
-    """Per-GPU and per-host memory of `run` training `arch`, term by term (see the module docstring)."""
-    if run.strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {run.strategy!r}; expected one of {STRATEGIES}")
+    """Per-GPU and per-host memory of `run` training `arch`, term by term (see the package docstring): the phases
+    and their peak, the device table of the peak phase, the fixed overheads on top, the host table, the notes."""
     if run.loss not in LOSSES:
         raise ValueError(f"unknown loss {run.loss!r}; expected one of {LOSSES}")
+    phases = _phases(arch, run)
+    overheads, total = _overheads(run, phases.allocated)
+    host = _host_terms(arch, run, phases.states)
+    host_proc = sum(t.gib for t in host)
+    return Estimate(
+        gpu_terms=_device_terms(arch, run, phases) + overheads,
+        host_terms=host,
+        gpu_peak_gib=total,
+        host_per_process_gib=host_proc,
+        host_per_node_gib=host_proc * run.layout.processes_per_machine,
+        per_rank_length=run.layout.per_rank_length,
+        allocated_peak_gib=total if run.device == "cpu" else gib(phases.allocated),
+        peak_phase=phases.peak,
+        device=run.device,
+        notes=_kernel_notes(arch, run),
+    )
+
+
+# ---- 1. the phases of a step and their peak --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Phases:
+    """Bytes allocated on the device in each phase of a step (which never overlap in time), and their parts."""
+
+    states: dict  # model_state_bytes: parameters, gradients, optimizer states on the device and on the host
+    checkpointed: float  # checkpointed layer inputs kept on the device (0 when offloaded)
+    stored: float  # stored activations of every layer (no checkpointing)
+    layer: float  # one layer's recompute + backward
+    loss: float  # LM head + cross-entropy
+    step: float  # optimizer step temporaries
+    totals: dict  # phase name ("loss", "layer", "optimizer step") -> bytes
+
+    @property
+    def peak(self) -> str:
+        return max(self.totals, key=self.totals.get)
+
+    @property
+    def allocated(self) -> float:
+        return self.totals[self.peak]
+
+
+def _phases(arch: Architecture, run: RunShape) -> Phases:
     cpu = run.device == "cpu"
     states = model_state_bytes(arch, run)
-    zl = _zero_label(run)
-    length_setting = "max_length, per_device_train_batch_size" + (", cp_size" if run.cp > 1 else "") + (
-        ", sp_size" if run.sp > 1 else "")
-
-    # ---- phases
-    ckpt_gpu = 0.0
-    stored = 0.0
+    checkpointed = stored = 0.0
     if run.gradient_checkpointing:
         if not run.offload_activations or cpu:
-            ckpt_gpu = checkpointed_input_bytes(arch, run)
+            checkpointed = checkpointed_input_bytes(arch, run)
     else:
         stored = stored_activation_bytes(arch, run)
     layer = layer_working_set_bytes(arch, run)["peak"]
@@ -47,21 +77,43 @@ def estimate(arch: Architecture, run: RunShape) -> Estimate:
     static = states["params_gpu"] + states["grads_gpu"] + states["optim_gpu"]
     if cpu:  # one process holds everything, host-side states included
         static += states["params_host"] + states["params_host_pinned"] + states["grads_host"] + states["optim_host"]
-    activations = ckpt_gpu + stored
+    activations = checkpointed + stored
     phase_loss = static + activations + comm_buffer_bytes(arch, run, "loss") + gathered_param_bytes(arch, run, "loss")
     phase_layer = (static + activations + comm_buffer_bytes(arch, run, "layer")
                    + gathered_param_bytes(arch, run, "layer"))
-    phases = {"loss": phase_loss + loss, "layer": phase_layer + layer,
+    totals = {"loss": phase_loss + loss, "layer": phase_layer + layer,
               "optimizer step": static + comm_buffer_bytes(arch, run, "step") + step}
-    peak_phase = max(phases, key=phases.get)
-    allocated = phases[peak_phase]
-    in_fwd_bwd = peak_phase in ("loss", "layer")
+    return Phases(states, checkpointed, stored, layer, loss, step, totals)
 
-    terms: list[Term] = []
+
+# ---- 2. the device table: one term per line, the peak phase's counted ------------------------------------------------
+def _zero_label(run: RunShape) -> str:
+    if run.layout.sharding == "zero":
+        return f"zero_stage {run.layout.zero_stage}"
+    return {"replicated": "DDP (replicated)", "fsdp": "FSDP2 sharding (dp_shard x cp)"}[run.layout.sharding]
+
+
+def _length_setting(run: RunShape) -> str:
+    return "max_length, per_device_train_batch_size" + (", cp_size" if run.layout.cp > 1 else "") + (
+        ", sp_size" if run.layout.sp > 1 else "")
+
+
+def _offload_knob(run: RunShape) -> str:
+    return ("fsdp_activation_checkpointing_offload (or gradient_checkpointing_kwargs: {offload: true})"
+            if run.layout.sharding == "fsdp" else "gradient_checkpointing_kwargs: {offload: true}")
+
+
+def _device_terms(arch: Architecture, run: RunShape, phases: Phases) -> list[Term]:
+    """Model states, gathered parameters, communication buffers, activations, the layer, the loss and the step, in
+    GiB; on CPU the process's own memory (host-side states included)."""
+    cpu = run.device == "cpu"
+    states, peak = phases.states, phases.peak
+    in_fwd_bwd = peak in ("loss", "layer")
+    zl, length_setting = _zero_label(run), _length_setting(run)
     dev = "host" if cpu else "gpu"  # CPU mode: the process's own memory
-    host_keys = ("params_host", "params_host_pinned", "grads_host", "optim_host")
-    host_side = {k: (states[k] if cpu else 0.0) for k in host_keys}
-    ds = run.strategy == "deepspeed"
+    host_side = {k: (states[k] if cpu else 0.0) for k in HOST_STATES}
+    ds = run.layout.sharding == "zero"
+    terms: list[Term] = []
     params_here = states["params_gpu"] + host_side["params_host"] + host_side["params_host_pinned"]
     terms.append(Term("parameters", gib(params_here),
                       f"{zl}" + (" / offload_param_device" if ds else "") + ", dtype", dev))
@@ -70,97 +122,96 @@ def estimate(arch: Architecture, run: RunShape) -> Estimate:
     terms.append(Term("optimizer states" + (" (Adam + fp32 master)" if ds else " (Adam)"),
                       gib(states["optim_gpu"] + host_side["optim_host"]),
                       f"{zl} / offload_optimizer_device" if ds else zl, dev))
-    phase_key = {"loss": "loss", "layer": "layer", "optimizer step": "step"}[peak_phase]
-    gp = gathered_param_bytes(arch, run, "loss" if peak_phase == "loss" else "layer")
+    gp = gathered_param_bytes(arch, run, "loss" if peak == "loss" else "layer")
     if gp:
         terms.append(Term("gathered parameters", gib(gp),
                           "stage3_max_live_parameters / stage3_max_reuse_distance" if ds
                           else "fsdp_reshard_after_forward (one unit per layer)", dev, in_fwd_bwd))
-    cb = comm_buffer_bytes(arch, run, phase_key)
+    cb = comm_buffer_bytes(arch, run, PHASE_KEY[peak])
     if cb:
         terms.append(Term("communication buffers", gib(cb),
                           "reduce_bucket_size (DeepSpeed default 5e8 with an Accelerate YAML)" if ds
-                          else "DDP bucket_cap_mb / gradient_as_bucket_view" if run.strategy == "ddp"
+                          else "DDP bucket_cap_mb / gradient_as_bucket_view" if run.layout.sharding == "replicated"
                           else "FSDP2 reduce-scatter of one layer", dev))
-    offload_knob = ("fsdp_activation_checkpointing_offload (or gradient_checkpointing_kwargs: {offload: true})"
-                    if run.strategy == "fsdp2" else "gradient_checkpointing_kwargs: {offload: true}")
     if run.gradient_checkpointing:
-        where_ckpt = "offloaded to host" if (run.offload_activations and not cpu) else f"offload with {offload_knob}"
-        terms.append(Term("checkpointed activations (layer inputs)", gib(ckpt_gpu),
-                          f"{length_setting}; {where_ckpt}", dev, in_fwd_bwd))
+        where = "offloaded to host" if (run.offload_activations and not cpu) else f"offload with {_offload_knob(run)}"
+        terms.append(Term("checkpointed activations (layer inputs)", gib(phases.checkpointed),
+                          f"{length_setting}; {where}", dev, in_fwd_bwd))
     else:
-        terms.append(Term("stored activations (no checkpointing)", gib(stored),
+        terms.append(Term("stored activations (no checkpointing)", gib(phases.stored),
                           f"{length_setting}; gradient_checkpointing", dev, in_fwd_bwd))
-    layer_knobs = ["tiled_mlp_shards" if run.tiled_mlp else "tiled_mlp" if run.strategy == "deepspeed" else "",
-                   "attn_implementation"]
+    layer_knobs = ["tiled_mlp_shards" if run.tiled_mlp else "tiled_mlp" if ds else "", "attn_implementation"]
     layer_knobs = [k for k in layer_knobs if k]
-    if run.cp > 1:
+    if run.layout.cp > 1:
         layer_knobs.append("cp_comm_strategy")
     if not run.liger_kernels:
         layer_knobs.append("use_liger_kernel")
-    terms.append(Term("one layer's recompute + backward", gib(layer), f"{length_setting}; {', '.join(layer_knobs)}",
-                      dev, peak_phase == "layer"))
-    terms.append(Term("loss (LM head + cross-entropy)", gib(loss),
-                      f"{length_setting}; loss implementation ({run.loss})", dev, peak_phase == "loss"))
-    if step:
-        terms.append(Term("optimizer step temporaries", gib(step),
-                          "sub_group_size / offload_optimizer_device", dev, peak_phase == "optimizer step"))
-    notes = []
-    if cpu:
-        terms.append(Term("process runtime (python, torch, transformers, deepspeed, trl)", CPU_RUNTIME_BASELINE_GIB,
-                          "measured import baseline (CPU_RUNTIME_BASELINE_GIB)", dev))
-        runtime = CPU_RUNTIME_BASELINE_GIB
-        if ds:
-            terms.append(Term("DeepSpeed engine runtime", CPU_DEEPSPEED_ENGINE_GIB,
-                              "measured bare-engine overhead (CPU_DEEPSPEED_ENGINE_GIB)", dev))
-            runtime += CPU_DEEPSPEED_ENGINE_GIB
-        total = gib(allocated) + runtime
-    else:
-        ctx = OVERHEAD["cuda_context_gib"] + (OVERHEAD["nccl_gib"] if run.world_size > 1 else 0.0)
-        terms.append(Term("CUDA context" + (" + NCCL buffers" if run.world_size > 1 else ""), ctx,
-                          "fixed per process (OVERHEAD)", dev))
-        reserve = OVERHEAD["allocator_reserve"] * gib(allocated)
-        terms.append(Term("allocator reserve (fragmentation)", reserve,
-                          "PYTORCH_CUDA_ALLOC_CONF (global 2% model)", dev))
-        total = gib(allocated) + ctx + reserve
+    terms.append(Term("one layer's recompute + backward", gib(phases.layer),
+                      f"{length_setting}; {', '.join(layer_knobs)}", dev, peak == "layer"))
+    terms.append(Term("loss (LM head + cross-entropy)", gib(phases.loss),
+                      f"{length_setting}; loss implementation ({run.loss})", dev, peak == "loss"))
+    if phases.step:
+        terms.append(Term("optimizer step temporaries", gib(phases.step),
+                          "sub_group_size / offload_optimizer_device", dev, peak == "optimizer step"))
+    return terms
 
-    # ---- host
+
+# ---- 3. what comes on top of the allocated peak ---------------------------------------------------------------------
+def _overheads(run: RunShape, allocated: float) -> tuple[list[Term], float]:
+    """The fixed terms on top of the allocated bytes and the total in GiB: on CPU the process runtime (and the
+    DeepSpeed engine's); on a GPU the CUDA context (+ NCCL) and the allocator's reserve (`OVERHEAD`)."""
+    if run.device == "cpu":
+        terms = [Term("process runtime (python, torch, transformers, deepspeed, trl)", CPU_RUNTIME_BASELINE_GIB,
+                      "measured import baseline (CPU_RUNTIME_BASELINE_GIB)", "host")]
+        runtime = CPU_RUNTIME_BASELINE_GIB
+        if run.layout.sharding == "zero":
+            terms.append(Term("DeepSpeed engine runtime", CPU_DEEPSPEED_ENGINE_GIB,
+                              "measured bare-engine overhead (CPU_DEEPSPEED_ENGINE_GIB)", "host"))
+            runtime += CPU_DEEPSPEED_ENGINE_GIB
+        return terms, gib(allocated) + runtime
+    distributed = run.layout.world_size > 1
+    ctx = OVERHEAD["cuda_context_gib"] + (OVERHEAD["nccl_gib"] if distributed else 0.0)
+    reserve = OVERHEAD["allocator_reserve"] * gib(allocated)
+    terms = [Term("CUDA context" + (" + NCCL buffers" if distributed else ""), ctx, "fixed per process (OVERHEAD)",
+                  "gpu"),
+             Term("allocator reserve (fragmentation)", reserve, "PYTORCH_CUDA_ALLOC_CONF (global 2% model)", "gpu")]
+    return terms, gib(allocated) + ctx + reserve
+
+
+# ---- 4. the host table (GPU runs: what lives in the node's memory, per process) -------------------------------------
+def _host_terms(arch: Architecture, run: RunShape, states: dict) -> list[Term]:
+    """Offloaded optimizer states and gradients, offloaded parameters, offloaded checkpoints and the process runtime;
+    none on CPU, where the device table is the process already."""
+    if run.device == "cpu":
+        return []
+    ds = run.layout.sharding == "zero"
     host: list[Term] = []
-    if not cpu:
-        if states["optim_host"] or states["grads_host"]:
-            host.append(Term("offloaded optimizer states + fp32 master + gradients",
-                             gib(states["optim_host"] + states["grads_host"]),
-                             "offload_optimizer_device" if ds else "fsdp_offload_params", "host"))
-        if states["params_host_pinned"] or states["params_host"]:
-            pinned = states["params_host_pinned"]
-            if pinned and run.strategy == "deepspeed":
-                # one pinned flat buffer per parameter group (stage3.py `_create_param_groups_fp16_flat_cpu_memory`,
-                # `pin_memory` -> torch's caching host allocator): rounded up to a power of two
-                pinned = pow2(pinned)
-            host.append(Term("offloaded parameters (pinned)", gib(pinned + states["params_host"]),
-                             "offload_param_device" if ds else "fsdp_offload_params", "host"))
-        act = offloaded_activation_host_bytes(arch, run)
-        if act:
-            host.append(Term("offloaded checkpoints" + (" (pinned, power-of-two blocks)" if run.offload_pinned else ""),
-                             gib(act), f"{length_setting}; {offload_knob}", "host"))
-        host.append(Term("process runtime (CPU-side, imports only)", CPU_RUNTIME_BASELINE_GIB,
-                         "measured import baseline; CUDA libraries not included", "host"))
-    host_proc = sum(t.gib for t in host)
-    for reason, limit in kernel_length_limits(arch, run):
-        if run.max_length > limit:
-            notes.append(f"max_length {run.max_length} exceeds a kernel limit: {reason} -> at most {limit}")
-    return Estimate(
-        gpu_terms=terms,
-        host_terms=host,
-        gpu_peak_gib=total,
-        host_per_process_gib=host_proc,
-        host_per_node_gib=host_proc * run.processes_per_node,
-        per_rank_length=run.per_rank_length,
-        allocated_peak_gib=total if cpu else gib(allocated),
-        peak_phase=peak_phase,
-        device=run.device,
-        notes=notes,
-    )
+    if states["optim_host"] or states["grads_host"]:
+        host.append(Term("offloaded optimizer states + fp32 master + gradients",
+                         gib(states["optim_host"] + states["grads_host"]),
+                         "offload_optimizer_device" if ds else "fsdp_offload_params", "host"))
+    if states["params_host_pinned"] or states["params_host"]:
+        pinned = states["params_host_pinned"]
+        if pinned and ds:
+            # one pinned flat buffer per parameter group (stage3.py `_create_param_groups_fp16_flat_cpu_memory`,
+            # `pin_memory` -> torch's caching host allocator): rounded up to a power of two
+            pinned = pow2(pinned)
+        host.append(Term("offloaded parameters (pinned)", gib(pinned + states["params_host"]),
+                         "offload_param_device" if ds else "fsdp_offload_params", "host"))
+    act = offloaded_activation_host_bytes(arch, run)
+    if act:
+        host.append(Term("offloaded checkpoints" + (" (pinned, power-of-two blocks)" if run.offload_pinned else ""),
+                         gib(act), f"{_length_setting(run)}; {_offload_knob(run)}", "host"))
+    host.append(Term("process runtime (CPU-side, imports only)", CPU_RUNTIME_BASELINE_GIB,
+                     "measured import baseline; CUDA libraries not included", "host"))
+    return host
+
+
+def _kernel_notes(arch: Architecture, run: RunShape) -> list[str]:
+    """A note for each kernel whose length limit the run's max_length passes (a crash, whatever the memory)."""
+    length = run.layout.max_length
+    return [f"max_length {length} exceeds a kernel limit: {reason} -> at most {limit}"
+            for reason, limit in kernel_length_limits(arch, run) if length > limit]
 
 
 def fits(est: Estimate, gpu_memory_gib: float, host_memory_gib: float | None = None) -> bool:
@@ -187,7 +238,7 @@ def longest_length(
     multiple = max(int(multiple), 1)
 
     def ok(k: int) -> bool:
-        return fits(estimate(arch, replace(run, max_length=k * multiple)), gpu_memory_gib, host_memory_gib)
+        return fits(estimate(arch, run.with_length(k * multiple)), gpu_memory_gib, host_memory_gib)
 
     if not ok(1):
         return 0

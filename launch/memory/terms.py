@@ -17,7 +17,7 @@ def _param_bytes(run: RunShape) -> int:
     FSDP2 under Accelerate's mixed precision keeps its shards in fp32 (see `fsdp2_sharded_bytes_per_param`)."""
     if run.device == "cpu":
         return 4
-    if run.strategy == "deepspeed":
+    if run.layout.sharding == "zero":
         return 2 if run.mixed_precision in ("bf16", "fp16") or run.weights_dtype != "float32" else 4
     return 2 if run.weights_dtype in ("bfloat16", "float16") else 4
 
@@ -52,30 +52,30 @@ def model_state_bytes(arch: Architecture, run: RunShape) -> dict:
     """
     P = arch.num_params
     p = _param_bytes(run)
-    W = run.shard_group
+    W = run.layout.shard_group
     out = {"params_gpu": 0.0, "grads_gpu": 0.0, "optim_gpu": 0.0, "params_host": 0.0, "grads_host": 0.0,
            "optim_host": 0.0, "params_host_pinned": 0.0}
-    if run.strategy == "ddp":
+    if run.layout.sharding == "replicated":
         out.update(params_gpu=p * P, grads_gpu=p * P, optim_gpu=2 * p * P)
         return out
-    if run.strategy == "deepspeed" and not run.zero_stage:
+    if run.layout.sharding == "zero" and not run.layout.zero_stage:
         # ZeRO stage 0 (bf16): whole 16-bit params and grads, fp32 master and Adam (not used by any recipe)
         out.update(params_gpu=p * P, grads_gpu=p * P, optim_gpu=(8 + (4 if p < 4 else 0)) * P)
         return out
-    if run.strategy == "fsdp2":
+    if run.layout.sharding == "fsdp":
         s = fsdp2_sharded_bytes_per_param(run)
         adam = 2 * s
-        if run.offload_params:
+        if run.layout.offload_params:
             out.update(params_host_pinned=s * P / W, grads_host=s * P / W, optim_host=adam * P / W)
         else:
             out.update(params_gpu=s * P / W, grads_gpu=s * P / W, optim_gpu=adam * P / W)
         return out
     # DeepSpeed ZeRO 1-3
-    stage = run.zero_stage
+    stage = run.layout.zero_stage
     g = p  # grad_accum_dtype defaults to the model dtype
     # fp32 master copy: ZeRO-1/2 always clone the partition to fp32 (`single_partition_of_fp32_groups`); ZeRO-3
     # reuses an fp32 partition that already lives on the optimizer's device (stage3.py `_create_fp32_partitions`)
-    master = 0 if (stage == 3 and p == 4 and not run.offload_optimizer) else 4
+    master = 0 if (stage == 3 and p == 4 and not run.layout.offload_optimizer) else 4
     adam = 8
     small = arch.small_params
     if stage == 1:
@@ -86,16 +86,16 @@ def model_state_bytes(arch: Architecture, run: RunShape) -> dict:
         out["grads_gpu"] = g * P / W
     else:
         part = (P - small) / W + small
-        if run.offload_params:
+        if run.layout.offload_params:
             out["params_host_pinned"] = p * (P - small) / W
             out["params_gpu"] = p * small
         else:
             out["params_gpu"] = p * part
-        if run.offload_optimizer:
+        if run.layout.offload_optimizer:
             out["grads_host"] = g * P / W
         else:
             out["grads_gpu"] = g * part
-    if run.offload_optimizer:
+    if run.layout.offload_optimizer:
         # master + Adam + the fp32 gradient the optimizer steps on (stage3.py `subgroup_gradient_buffer`,
         # stage_1_and_2.py `single_partition_of_fp32_groups[i].grad`)
         out["optim_host"] = (4 + adam + 4) * P / W
@@ -123,12 +123,12 @@ def gathered_param_bytes(arch: Architecture, run: RunShape, phase: str) -> float
     DDP / ZeRO-1/2: parameters are whole already (nothing extra).
     """
     a = 2 if run.mixed_precision in ("bf16", "fp16") and run.device != "cpu" else 4
-    if run.strategy == "deepspeed" and run.zero_stage == 3:
-        if run.shard_group == 1 and not run.offload_params:
+    if run.layout.sharding == "zero" and run.layout.zero_stage == 3:
+        if run.layout.shard_group == 1 and not run.layout.offload_params:
             return 0.0
         live = max(run.max_live_parameters, arch.lm_head_params + 2 * arch.params_per_layer)
         return a * min(arch.num_params, live)
-    if run.strategy == "fsdp2":
+    if run.layout.sharding == "fsdp":
         if not run.fsdp_reshard_after_forward:
             return a * arch.num_params  # every unit stays gathered from its forward to its backward
         n = 2 * arch.params_per_layer
@@ -163,12 +163,12 @@ def comm_buffer_bytes(arch: Architecture, run: RunShape, phase: str) -> float:
     bucket = run.reduce_bucket_size
     if run.device == "cpu":
         bucket = min(bucket, P)
-    if run.strategy == "ddp":
+    if run.layout.sharding == "replicated":
         return _param_bytes(run) * P
-    if run.strategy == "fsdp2":
+    if run.layout.sharding == "fsdp":
         return a * 2 * layer if phase == "layer" else 0.0
-    if run.strategy == "deepspeed":
-        if run.zero_stage == 3:
+    if run.layout.sharding == "zero":
+        if run.layout.zero_stage == 3:
             cat = min(bucket, P) if (phase == "layer" and run.device != "cpu") else 0
             return a * (bucket + cat)
         return a * (bucket + (layer if phase == "layer" else 0))
@@ -184,7 +184,7 @@ def checkpointed_input_bytes(arch: Architecture, run: RunShape, n_tokens: int | 
     `checkpoint_wrapper`). Whole model: layers x tokens x hidden x bytes, plus the rotary cos/sin [tokens, head_dim]
     computed once per forward and shared by every layer. On the GPU unless offloaded (see
     `offloaded_activation_host_bytes`)."""
-    n = run.tokens_per_rank if n_tokens is None else n_tokens
+    n = run.layout.tokens_per_rank if n_tokens is None else n_tokens
     a = run.act_bytes
     return arch.num_layers * n * arch.hidden_size * a + 2 * n * arch.head_dim * a
 
@@ -194,7 +194,7 @@ def _kv_dim_attention(arch: Architecture, run: RunShape) -> int:
     gives each rank the full sequence with kv_heads / sp heads, or one replicated head when kv_heads < sp
     (`kv_replication_factor`): per local token that is head_dim x max(kv_heads, sp)."""
     if run.uses_ulysses:
-        return arch.head_dim * max(arch.num_key_value_heads, run.sp)
+        return arch.head_dim * max(arch.num_key_value_heads, run.layout.sp)
     return arch.kv_dim
 
 
@@ -237,7 +237,7 @@ def layer_saved_bytes_per_token(arch: Architecture, run: RunShape) -> dict:
     if run.uses_ulysses:
         attn["Ulysses local output"] = a * qd
     if run.attn_implementation == "eager":
-        n_kv = run.per_rank_length * run.sp
+        n_kv = run.layout.per_rank_length * run.layout.sp
         attn["eager softmax (fp32 + 16-bit)"] = (F32 + a) * nh * n_kv
         attn["eager repeat_kv"] = 2 * a * (qd - arch.kv_dim)
     mlp = {}
@@ -271,7 +271,7 @@ def layer_working_set_bytes(arch: Architecture, run: RunShape, n_tokens: int | N
       (`convert_to_f32`) and rotates fp32 dK/dV (send + receive).
     Reentrant checkpointing also keeps the incoming gradient for the whole layer backward.
     """
-    n = run.tokens_per_rank if n_tokens is None else n_tokens
+    n = run.layout.tokens_per_rank if n_tokens is None else n_tokens
     a, H, I = run.act_bytes, arch.hidden_size, arch.intermediate_size
     qd, kvd = arch.q_dim, _kv_dim_attention(arch, run)
     nh = arch.num_attention_heads
@@ -302,11 +302,11 @@ def layer_working_set_bytes(arch: Architecture, run: RunShape, n_tokens: int | N
     elif run.attn_implementation == "flash_attention_3":
         ws = F32 * (qd + 2 * kvd)
     else:  # eager: grads of the probabilities and of the scores
-        n_kv = run.per_rank_length * run.sp
+        n_kv = run.layout.per_rank_length * run.layout.sp
         ws = (F32 + a) * nh * n_kv
-    if run.cp > 1:
+    if run.layout.cp > 1:
         kv = a * 2 * arch.kv_dim
-        ws += kv * (run.cp + 1) if run.cp_comm_strategy == "allgather" else 2 * kv
+        ws += kv * (run.layout.cp + 1) if run.cp_comm_strategy == "allgather" else 2 * kv
         ws += F32 * (qd + 2 * arch.kv_dim) + 2 * F32 * 2 * arch.kv_dim
     peak_attn = (s_attn + held + grads + ws) * n
     if not run.gradient_checkpointing:
@@ -319,7 +319,7 @@ def layer_working_set_bytes(arch: Architecture, run: RunShape, n_tokens: int | N
 def stored_activation_bytes(arch: Architecture, run: RunShape, n_tokens: int | None = None) -> float:
     """Without gradient checkpointing every layer keeps everything it saves (see `layer_saved_bytes_per_token`)
     plus its input, for all layers, until the backward reaches it."""
-    n = run.tokens_per_rank if n_tokens is None else n_tokens
+    n = run.layout.tokens_per_rank if n_tokens is None else n_tokens
     saved = layer_saved_bytes_per_token(arch, run)
     per_token = sum(saved["attention"].values()) + sum(saved["mlp"].values()) + run.act_bytes * arch.hidden_size
     return arch.num_layers * per_token * n
@@ -343,7 +343,7 @@ def loss_bytes(arch: Architecture, run: RunShape, n_tokens: int | None = None) -
       next_pow2(ceil(tokens / ceil(vocab / hidden))) rows x vocab.
     Plus the final RMSNorm's saved tensors and output (see `layer_saved_bytes_per_token`).
     """
-    n = run.tokens_per_rank if n_tokens is None else n_tokens
+    n = run.layout.tokens_per_rank if n_tokens is None else n_tokens
     a, H, V = run.act_bytes, arch.hidden_size, arch.vocab_size
     p = _param_bytes(run)
     liger = run.liger_kernels
@@ -374,10 +374,10 @@ def optimizer_step_bytes(arch: Architecture, run: RunShape) -> float:
     ZeRO-1/2 without offload: the fp32 gradient partition of the step (`single_grad_partition`), 4 bytes per
       partitioned element. DDP / FSDP2 with torch's fused AdamW: none to speak of. CPU offload: on the host.
     """
-    if run.strategy != "deepspeed" or run.offload_optimizer:
+    if run.layout.sharding != "zero" or run.layout.offload_optimizer:
         return 0.0
-    part = arch.num_params / run.shard_group
-    if run.zero_stage == 3:
+    part = arch.num_params / run.layout.shard_group
+    if run.layout.zero_stage == 3:
         p = _param_bytes(run)
         return (p + (F32 if p < F32 else 0)) * min(run.sub_group_size, part)
     return F32 * part
@@ -396,7 +396,7 @@ def offloaded_activation_host_bytes(arch: Architecture, run: RunShape, n_tokens:
     bytes). Pageable offload (ArcticTraining's `.to("cpu")`) takes the exact size."""
     if not (run.gradient_checkpointing and run.offload_activations):
         return 0.0
-    n = run.tokens_per_rank if n_tokens is None else n_tokens
+    n = run.layout.tokens_per_rank if n_tokens is None else n_tokens
     hidden = n * arch.hidden_size * run.act_bytes
     if not run.offload_pinned or run.device == "cpu":
         return arch.num_layers * hidden
@@ -408,6 +408,8 @@ def kernel_length_limits(arch: Architecture, run: RunShape) -> list[tuple[str, i
     [tokens, hidden] with 32-bit offsets (Liger-Kernel #803), so tokens x hidden < 2**31 per rank."""
     out = []
     if run.liger_kernels and run.device == "gpu":
-        per_rank = (INT32_ELEMENTS - 1) // (arch.hidden_size * run.per_device_batch)
-        out.append(("Liger kernels index tokens x hidden with int32 (Liger-Kernel #803)", per_rank * run.cp * run.sp))
+        layout = run.layout
+        per_rank = (INT32_ELEMENTS - 1) // (arch.hidden_size * layout.per_device_train_batch_size)
+        out.append(("Liger kernels index tokens x hidden with int32 (Liger-Kernel #803)",
+                    per_rank * layout.cp * layout.sp))
     return out
