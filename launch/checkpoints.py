@@ -16,25 +16,22 @@ mixed run would diverge and write over the other run's results.
 from __future__ import annotations
 
 import json
-import re
 import struct
 import zipfile
 from pathlib import Path
 
 from launch.errors import LaunchError
-from launch.outdir import read_manifest
-
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+from launch.outdir import RunFolder, read_manifest
 
 
 def complete(folder: Path) -> bool:
-    return (folder / "trainer_state.json").is_file() and not problems(folder)
+    return RunFolder(folder).trainer_state.is_file() and not problems(folder)
 
 
 def problems(folder: Path) -> list[str]:
     """What is cut short or unreadable in a checkpoint folder (empty when every file checks out)."""
     out = []
-    state = folder / "trainer_state.json"
+    state = RunFolder(folder).trainer_state  # a checkpoint holds its own, as the output folder does
     if not state.is_file():
         return [f"{state.name} is missing (the run died while saving)"]
     try:
@@ -73,10 +70,7 @@ def _safetensors_problem(path: Path) -> str | None:
 
 def checkpoints(output_dir: Path) -> list[Path]:
     """checkpoint-N folders, oldest first."""
-    if not output_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in output_dir.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
-    return [p for _, p in sorted(found)]
+    return RunFolder(output_dir).checkpoints()
 
 
 def newest_complete(output_dir: Path) -> Path | None:
@@ -135,7 +129,7 @@ def resume_problems(checkpoint: Path, run: dict) -> list[str]:
     """How `checkpoint` differs from the run that wants to resume it (`run`: `identity(setup)`); empty when it may."""
     manifest = read_manifest(checkpoint.parent) or {}
     saved = manifest.get("run")
-    source = f"recorded in {checkpoint.parent / '.launch' / 'manifest.json'}"
+    source = f"recorded in {RunFolder(checkpoint.parent).manifest}"
     if not isinstance(saved, dict):
         saved, source = saved_format(checkpoint), "read from its files"
     keys = ["recipe", "model", "strategy", "zero_stage", "mesh"]

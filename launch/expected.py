@@ -51,6 +51,14 @@ def read_expected(path: Path) -> dict:
     return data
 
 
+def profile_entry(source, profile: str) -> dict:
+    """The entry of `profile` (`smoke-cpu`, ...) in a recipe's expected_metrics.json, {} when the file or the profile
+    has none. `source`: the recipe (anything with an `expected_metrics_path`), the file's path, or its content as
+    `read_expected` returned it."""
+    data = source if isinstance(source, dict) else read_expected(getattr(source, "expected_metrics_path", source))
+    return (data.get("profiles") or {}).get(profile) or {}
+
+
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from launch.outdir import RunFolder
 from launch.stepdiff import METRICS
 
 
 def read_history(output_dir: Path) -> list[dict]:
-    path = Path(output_dir) / "trainer_state.json"
+    path = RunFolder(Path(output_dir)).trainer_state
     if not path.is_file():
         return []
     return json.loads(path.read_text()).get("log_history", [])
@@ -22,11 +23,8 @@ def step_metrics(history: list[dict]) -> dict[str, list[float]]:
 
 
 def run_totals(history: list[dict]) -> dict:
+    """The Trainer's own totals: its train_runtime and the tokens TRL counted (padding excluded, warm-up included).
+    Their ratio is not reported: the run's tokens/s is the bench's (launch.bench), one figure under one name."""
     final = next((h for h in reversed(history) if "train_runtime" in h), {})
     tokens = max((h.get("num_tokens", 0) for h in history), default=0)
-    runtime = final.get("train_runtime")
-    return {
-        "train_runtime_s": runtime,
-        "num_tokens": tokens,
-        "tokens_per_second": (tokens / runtime) if runtime else None,
-    }
+    return {"train_runtime_s": final.get("train_runtime"), "num_tokens": tokens}

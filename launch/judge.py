@@ -13,7 +13,7 @@ import platform
 from pathlib import Path
 
 from launch.errors import LaunchError
-from launch.expected import TOLERANCE, bounds_for, read_expected
+from launch.expected import TOLERANCE, bounds_for, profile_entry, read_expected
 from launch.machine import cpu_model, gpu_driver, gpu_info, installed_versions
 from launch.stepdiff import METRICS, by_step, step_difference
 
@@ -88,7 +88,7 @@ def judge_run(setup, observed: dict, say=print) -> tuple[dict, int]:
     except LaunchError as e:
         say(f"not judged: the expected metrics cannot be read any more: {e}")
         return {"passed": None, "reason": f"expected metrics unreadable: {e}"}, UNREADABLE_REFERENCE
-    expected = (expected_all.get("profiles") or {}).get(setup.profile)
+    expected = profile_entry(expected_all, setup.profile)
     if not expected or "steps" not in expected:
         say(f"no expected metrics for profile {setup.profile} in {path}; record them deliberately with "
             f"`{record_command(setup)}`")
@@ -123,7 +123,7 @@ def record(setup, observed: dict) -> Path:
     data.setdefault("tolerance", TOLERANCE)
     data.setdefault("profiles", {})
     data["profiles"][setup.profile] = {
-        **{k: v for k, v in (data["profiles"].get(setup.profile) or {}).items() if k not in ("steps", "bounds")},
+        **{k: v for k, v in profile_entry(data, setup.profile).items() if k not in ("steps", "bounds")},
         "invocation": setup.invocation,
         "environment": environment(setup),
         "steps": {m: observed[m] for m in METRICS},

@@ -9,9 +9,10 @@ launcher asks (it sets LAUNCH_MONITOR_DIR; under plain `accelerate launch` nothi
 - With LAUNCH_FIRST_LOSS_BAND=<band as JSON>: `launch.sentinel.sentinel_callback`, which stops the run (every rank
   raises) when a first logged loss is outside the band recorded in the recipe's expected_metrics.json.
 
-Rank side: no import of the launcher's other modules but bench and sentinel, nothing that can fail a training run (a
-write error is ignored: a missing heartbeat can only make the launcher's hang timeout fire later, never earlier)
-except the sentinel, whose purpose is to stop a run.
+Rank side: no import of the launcher's other modules but bench, sentinel, tracking (trackio's dashboard hint, which
+lacks the run's TRACKIO_DIR, is silenced: the launcher prints the right command) and run_files (names only), nothing
+that can fail a training run (a write error is ignored: a missing heartbeat can only make the launcher's hang timeout
+fire later, never earlier) except the sentinel, whose purpose is to stop a run.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import os
 import time
 from pathlib import Path
 
+from launch import run_files  # names only
 from launch.bench import bench_callback  # rank side; bench and sentinel import nothing heavy at module level
 from launch.sentinel import ENV as SENTINEL_ENV  # LAUNCH_FIRST_LOSS_BAND
 from launch.sentinel import sentinel_callback
+from launch.tracking import quiet_dashboard_hint  # rank side; tracking imports nothing of the launcher
 
-ENV = "LAUNCH_MONITOR_DIR"
+ENV = run_files.MONITOR_ENV  # LAUNCH_MONITOR_DIR: the run folder's monitor folder (launch.outdir.RunFolder.monitor)
 BENCH_ENV = "LAUNCH_BENCH"
 PHASES = {"train_begin": 0, "step_begin": 1, "step_end": 2, "train_end": 3}
 
@@ -33,9 +36,10 @@ PHASES = {"train_begin": 0, "step_begin": 1, "step_end": 2, "train_end": 3}
 def add_callbacks(trainer) -> None:
     """Called by train.py when LAUNCH_MONITOR_DIR is set."""
     folder = Path(os.environ[ENV])
+    quiet_dashboard_hint()  # trackio's hint lacks the run's TRACKIO_DIR; the launcher prints the right command
     trainer.add_callback(_heartbeat_callback(folder))
     if os.environ.get(BENCH_ENV):
-        trainer.add_callback(bench_callback(folder / "bench", int(os.environ[BENCH_ENV])))
+        trainer.add_callback(bench_callback(folder / run_files.BENCH, int(os.environ[BENCH_ENV])))
     if os.environ.get(SENTINEL_ENV):
         trainer.add_callback(sentinel_callback(folder=folder))
 
@@ -44,7 +48,7 @@ def _heartbeat_callback(folder: Path):
     from transformers import TrainerCallback
 
     rank = int(os.environ.get("RANK", "0"))
-    path = folder / f"rank{rank}.json"
+    path = folder / run_files.rank_file(rank)
 
     def beat(event: str, step: int) -> None:
         try:
@@ -74,7 +78,7 @@ def _heartbeat_callback(folder: Path):
 def read_heartbeats(folder: Path) -> dict[int, dict]:
     """The launcher's side: {rank: last heartbeat}."""
     out = {}
-    for path in folder.glob("rank*.json"):
+    for path in folder.glob(run_files.RANK_FILES):
         try:
             beat = json.loads(path.read_text())
             out[int(beat["rank"])] = beat

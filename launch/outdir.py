@@ -10,6 +10,9 @@
   a second launcher is refused with the holder's process id, start time and command; a lock whose holder is dead
   is taken over with a message, and what the dead run left (entries newer than its start) is adopted as its output.
 - Nothing is created until every check has passed: `check()` only reads, `claim()` creates.
+- `RunFolder` is where every path inside the folder comes from (the bare names are in `launch.run_files`, which
+  the ranks read too), and it holds the checks of the folder itself: free space (part of `check()`) and, once
+  claimed, writability.
 """
 
 from __future__ import annotations
@@ -24,11 +27,101 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launch import run_files
 from launch.errors import LaunchError
 
-META = ".launch"
-MANIFEST = "manifest.json"
-EARLIER_RUN = re.compile(r"^(checkpoint-\d+|final)$")
+# An earlier run's results, which a new run keeps unless told --resume or --overwrite.
+EARLIER_RUN = re.compile(rf"^({re.escape(run_files.CHECKPOINT_PREFIX)}\d+|{re.escape(run_files.FINAL)})$")
+_CHECKPOINT = re.compile(rf"^{re.escape(run_files.CHECKPOINT_PREFIX)}(\d+)$")
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """A run's output folder: where each of its files lives, and the checks of the folder itself. The launcher's
+    modules take every path inside the folder from here."""
+
+    path: Path
+
+    # --- what a run writes ---------------------------------------------------------------------------------------
+    @property
+    def log(self) -> Path:
+        return self.path / run_files.LOG
+
+    @property
+    def summary(self) -> Path:
+        return self.path / run_files.SUMMARY
+
+    @property
+    def trainer_state(self) -> Path:
+        return self.path / run_files.TRAINER_STATE
+
+    @property
+    def final(self) -> Path:
+        return self.path / run_files.FINAL
+
+    @property
+    def trackio(self) -> Path:
+        return self.path / run_files.TRACKIO
+
+    def checkpoint(self, step: int) -> Path:
+        return self.path / f"{run_files.CHECKPOINT_PREFIX}{step}"
+
+    def checkpoints(self) -> list[Path]:
+        """The Trainer's checkpoint-N folders, oldest first."""
+        if not self.path.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.path.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
+        return [p for _, p in sorted(found)]
+
+    # --- the launcher's own ----------------------------------------------------------------------------------------
+    @property
+    def meta(self) -> Path:
+        return self.path / run_files.META
+
+    @property
+    def manifest(self) -> Path:
+        return self.meta / run_files.MANIFEST
+
+    def lock(self, machine_rank: int) -> Path:
+        return self.meta / run_files.lock_file(machine_rank)
+
+    @property
+    def monitor(self) -> Path:
+        """The ranks' heartbeats and sentinel verdict (passed to them in run_files.MONITOR_ENV)."""
+        return self.meta / run_files.MONITOR
+
+    @property
+    def bench(self) -> Path:
+        """The ranks' bench measurements (their sentinel verdict is in `monitor` too: launch.sentinel.read_verdict)."""
+        return self.monitor / run_files.BENCH
+
+    # --- checks ----------------------------------------------------------------------------------------------------
+    def existing_parent(self) -> Path:
+        """The folder itself, or its nearest ancestor that exists (where it will be created)."""
+        existing = self.path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        return existing
+
+    def check_free_space(self, min_free: int) -> None:
+        """A full output file system is found now, not after an hour of training (reads only)."""
+        free = shutil.disk_usage(self.existing_parent()).free
+        if free < min_free:
+            raise LaunchError(
+                f"Only {free / 2**20:.0f} MiB are free under {self.path}; checkpoints, logs and the final weights need "
+                f"more (at least {min_free / 2**20:.0f} MiB, LAUNCH_MIN_FREE_MB). Free space or pass another "
+                "--output-dir."
+            )
+
+    def check_writable(self) -> None:
+        """Once the folder is claimed: a file can really be written in it (`check()` only asked `os.access`)."""
+        try:
+            probe = self.meta / run_files.WRITE_PROBE
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as e:
+            raise LaunchError(f"The output folder {self.path} is not writable ({e.strerror}). "
+                              "Pass --output-dir.") from None
 
 
 @dataclass
@@ -52,7 +145,7 @@ def expand(path: str | os.PathLike) -> Path:
 
 def read_manifest(path: Path) -> dict | None:
     """The folder's `.launch/manifest.json` (None when absent or unreadable)."""
-    file = path / META / MANIFEST
+    file = RunFolder(path).manifest
     if not file.is_file():
         return None
     try:
@@ -60,10 +153,6 @@ def read_manifest(path: Path) -> dict | None:
     except (OSError, json.JSONDecodeError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("entries"), list) else None
-
-
-def _lock_file(path: Path, machine_rank: int) -> Path:
-    return path / META / f"lock-machine{machine_rank}"
 
 
 def read_lock(lock: Path) -> dict | None:
@@ -97,23 +186,31 @@ def _when(epoch) -> str:
     return datetime.datetime.fromtimestamp(float(epoch)).isoformat(sep=" ", timespec="seconds")
 
 
-def check(path: Path, resume: bool, overwrite: bool, machine_rank: int = 0) -> Claim:
-    """Everything that must hold before the folder may be used; reads only."""
+def check(path: Path, resume: bool, overwrite: bool, machine_rank: int = 0, min_free: int | None = None) -> Claim:
+    """Everything that must hold before the folder may be used, `min_free` bytes free on its file system included
+    (when given); reads only."""
+    folder = RunFolder(path)
+    claim = _check(folder, resume, overwrite, machine_rank)
+    if min_free is not None:
+        folder.check_free_space(min_free)
+    return claim
+
+
+def _check(folder: RunFolder, resume: bool, overwrite: bool, machine_rank: int) -> Claim:
+    path = folder.path
     claim = Claim(path=path, machine_rank=machine_rank)
     if path.is_symlink() and not path.exists():
         raise LaunchError(f"The output folder {path} is a symbolic link to {os.readlink(path)}, which does not exist. "
                           "Create the folder it points to, remove the link, or pass another --output-dir.")
     if path.exists() and not path.is_dir():
         raise LaunchError(f"The output folder {path} is a file. Pass another --output-dir.")
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = folder.existing_parent()
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         why = "is a file" if not existing.is_dir() else "is not writable"
         raise LaunchError(f"The output folder {path} cannot be created: {existing} {why}. Pass another --output-dir.")
     entries = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
     claim.before = set(entries)
-    lock = _lock_file(path, machine_rank)
+    lock = folder.lock(machine_rank)
     info = read_lock(lock)
     if info is not None:
         if holder_alive(info):
@@ -125,7 +222,8 @@ def check(path: Path, resume: bool, overwrite: bool, machine_rank: int = 0) -> C
         claim.stale_lock = info
         claim.notes.append(f"taking over the lock of process {info.get('pid')} (started "
                            f"{_when(info.get('started', 0))}), which is no longer running")
-    if not [e for e in entries if e != META]:
+    content = [e for e in entries if e != run_files.META]  # every entry but the launcher's own
+    if not content:
         if resume:
             raise LaunchError(f"--resume: {path} holds no earlier run to continue.")
         return claim
@@ -139,7 +237,7 @@ def check(path: Path, resume: bool, overwrite: bool, machine_rank: int = 0) -> C
             "it only uses an empty folder or one an earlier run of this launcher made. Pass a new --output-dir."
         )
     known = set(manifest["entries"]) | _adoptable(path, entries, claim.stale_lock)
-    foreign = [e for e in entries if e != META and e not in known]
+    foreign = [e for e in content if e not in known]
     if foreign:
         raise LaunchError(
             f"The output folder {path} holds files no run of this launcher created: {', '.join(foreign[:6])}. "
@@ -147,14 +245,14 @@ def check(path: Path, resume: bool, overwrite: bool, machine_rank: int = 0) -> C
         )
     earlier = [e for e in entries if EARLIER_RUN.match(e)]
     if overwrite:
-        claim.delete = sorted(e for e in entries if e != META and e in known)
+        claim.delete = sorted(e for e in content if e in known)
         if claim.delete:
             claim.notes.append(f"--overwrite: deleting the earlier run's {', '.join(claim.delete)} in {path}")
     elif earlier and not resume:
         raise LaunchError(
-            f"The output folder {path} holds an earlier run's checkpoints or final weights ({', '.join(earlier)}). Pass --resume to continue it, "
-            f"--overwrite to delete that run's files ({', '.join(sorted(e for e in entries if e != META))}) and start "
-            "again, or another --output-dir."
+            f"The output folder {path} holds an earlier run's checkpoints or final weights ({', '.join(earlier)}). "
+            f"Pass --resume to continue it, --overwrite to delete that run's files ({', '.join(sorted(content))}) and "
+            "start again, or another --output-dir."
         )
     return claim
 
@@ -164,14 +262,14 @@ def _adoptable(path: Path, entries: list[str], stale: dict | None) -> set[str]:
     if not stale or "started" not in stale:
         return set()
     started = float(stale["started"]) - 1.0
-    return {e for e in entries if e != META and (path / e).lstat().st_mtime >= started}
+    return {e for e in entries if e != run_files.META and (path / e).lstat().st_mtime >= started}
 
 
 def claim(c: Claim, command: str, run: dict | None = None) -> Claim:
     """Create the folder, delete what --overwrite named, take the lock, record the run's identity (`run`, what a
     checkpoint here must share with a run that resumes it: launch.checkpoints). Call only after every check passed."""
-    meta = c.path / META
-    meta.mkdir(parents=True, exist_ok=True)
+    folder = RunFolder(c.path)
+    folder.meta.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(c.path) or {"entries": []}
     if run is not None:
         manifest["run"] = run
@@ -186,7 +284,7 @@ def claim(c: Claim, command: str, run: dict | None = None) -> Claim:
     manifest["entries"] = sorted(set(manifest["entries"]) - set(c.delete))
     _write_manifest(c.path, manifest)
     c.before = {p.name for p in c.path.iterdir()}
-    lock = _lock_file(c.path, c.machine_rank)
+    lock = folder.lock(c.machine_rank)
     if c.stale_lock is not None:
         lock.unlink(missing_ok=True)
     info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "command": command}
@@ -208,7 +306,7 @@ def release(c: Claim) -> None:
         return
     try:
         manifest = read_manifest(c.path) or {"entries": []}
-        now = {p.name for p in c.path.iterdir()} - {META}
+        now = {p.name for p in c.path.iterdir()} - {run_files.META}
         manifest["entries"] = sorted((set(manifest["entries"]) & now) | (now - c.before))
         _write_manifest(c.path, manifest)
     finally:
@@ -219,6 +317,7 @@ def release(c: Claim) -> None:
 def _write_manifest(path: Path, manifest: dict) -> None:
     manifest["about"] = ("Written by `python -m launch`: the entries runs created in this folder. --overwrite deletes "
                          "only these; a folder without this file is never used as an output folder.")
-    tmp = path / META / (MANIFEST + ".tmp")
+    file = RunFolder(path).manifest
+    tmp = file.with_name(file.name + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, path / META / MANIFEST)
+    os.replace(tmp, file)

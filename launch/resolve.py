@@ -13,7 +13,7 @@ from pathlib import Path
 from launch import REPO_ROOT, accelerate_config, checkpoints, outdir, profiles, tracking
 from launch.constants import MESH_KEYS
 from launch.errors import LaunchError
-from launch.expected import read_expected
+from launch.expected import profile_entry
 from launch.layout import Layout
 from launch.options import Options
 from launch.recipes import Recipe, find_recipe
@@ -40,6 +40,11 @@ class Setup:
     def training_argv(self) -> list[str]:
         return [token for layer in self.layers for token in layer.argv]
 
+    @property
+    def folder(self) -> outdir.RunFolder:
+        """The output folder's files and checks."""
+        return outdir.RunFolder(self.output_dir)
+
 
 def _check_numbers(options: Options) -> None:
     """Sizes that would break the plan itself (a negative mesh size gives a negative per-rank length)."""
@@ -53,6 +58,9 @@ def _check_numbers(options: Options) -> None:
 
 
 def resolve(options: Options, progress=print) -> Setup:
+    """The run `options` ask for, in four steps: the layout a smoke run inherits from its recorded invocation, the
+    Accelerate config with this run's overrides, the launcher's own training arguments, and the merge of every
+    source of training arguments in the recipe's own parser. Reads only; a refusal is a LaunchError."""
     _check_numbers(options)
     # `record` writes expected_metrics.json: a recipe without one yet is what it is for
     recipe = find_recipe(options.recipe, optional=("expected_metrics.json",) if options.record else ())
@@ -62,83 +70,22 @@ def resolve(options: Options, progress=print) -> Setup:
     profile = profiles.profile_name(options.smoke, options.cpu)
     # The recipe's own Accelerate config is checked as written, even where this run overrides a value of it.
     accelerate_config.check(recipe.accelerate_config_path, recipe.accelerate)
-    accelerate = dict(recipe.accelerate)
     config = dict(recipe.config)
 
-    # A smoke run keeps the layout its expected metrics were recorded with, unless the user changes the layout.
-    recorded = dict(read_expected(recipe.expected_metrics_path).get("profiles", {}).get(profile, {}).get("invocation")
-                    or {}) if options.smoke and not options.record else {}
-    # A layout given on the command line that equals the recorded one (e.g. the recipe's own --num-processes) is
-    # not a change: the run is judged.
-    layout_given = (options.num_processes is not None and options.num_processes != recorded.get("num_processes")) \
-        or (bool(options.mesh) and {**dict(recorded.get("mesh") or {}), **options.mesh} != dict(recorded.get("mesh") or {}))
-    if layout_given or not recorded:
-        num_processes, mesh = options.num_processes, dict(options.mesh or {})
-    else:
-        num_processes, mesh = recorded.get("num_processes"), dict(recorded.get("mesh") or {})
-    recorded_args = list(recorded.get("training_args") or [])
-    invocation = {"num_processes": num_processes or int(accelerate.get("num_processes", 1)), "mesh": mesh,
-                  "training_args": recorded_args + _without_output_dir(options.extra)}
-    if layout_given and recorded:
-        notes.append(f"smoke layout changed to {invocation['num_processes']} process(es), mesh {mesh or 'as in the config'} "
-                     f"(recorded: {recorded.get('num_processes')} process(es), mesh {recorded.get('mesh') or 'as in the config'}); "
-                     "this run is not judged against the expected metrics")
+    recorded = _recorded_invocation(options, recipe, profile)
+    num_processes, mesh, changed = _smoke_layout(options, recorded)
+    invocation = _invocation(options, recipe.accelerate, recorded, num_processes, mesh)
+    if changed:
+        notes.append(_layout_change(invocation, recorded))
+    accel_overrides = _accelerate_overrides(options, recipe.accelerate, num_processes, mesh)
+    accelerate = _with_overrides(recipe.accelerate, accel_overrides)
 
-    accel_overrides: dict = {}
-    if num_processes:
-        accel_overrides["num_processes"] = int(num_processes)
-    for key in ("num_machines", "machine_rank", "main_process_ip", "main_process_port"):
-        if getattr(options, key) is not None:
-            accel_overrides[key] = getattr(options, key)
-    if options.num_machines and options.num_machines > 1:
-        invocation["num_machines"] = options.num_machines
-    if options.max_steps is not None:  # a shorter or longer run is not judged against the recorded steps
-        invocation["max_steps"] = options.max_steps
-    if options.bench and options.bench_steps is not None:
-        invocation["max_steps"] = options.bench_warmup + options.bench_steps
-    if options.synthetic:  # random weights and tokens: never judged as the recorded run
-        invocation["synthetic"] = True
-    if options.model:
-        invocation["model"] = options.model
-    for name, size in mesh.items():
-        accel_overrides[MESH_KEYS[name]] = int(size)
-    if options.cpu:
-        accel_overrides.update(profiles.cpu_accelerate(accelerate))
-    for key, value in accel_overrides.items():
-        if key.startswith("parallelism_config_"):
-            accelerate["parallelism_config"] = {**(accelerate.get("parallelism_config") or {}), key: value}
-        else:
-            accelerate[key] = value
-
-    # The training argv after `--config config.yaml`, by source; later layers win, as in the ranks' parser.
     make_parser = recipe.load_train_module().make_parser
-    user = Layer(AFTER_DASHES, list(options.extra))
     # The recipe's own values are checked as written, even where the smoke profile replaces them.
-    own = merge(make_parser, recipe.config_path, config, [user])
+    own = merge(make_parser, recipe.config_path, config, [Layer(AFTER_DASHES, list(options.extra))])
     output_dir = _output_dir(options, own, recipe, config, profile)
-    launcher: dict = {}
-    if options.max_steps is not None:
-        launcher["max_steps"] = options.max_steps
-    if options.bench and options.bench_steps is not None:
-        launcher["max_steps"] = options.bench_warmup + options.bench_steps
-    if options.save_steps is not None:
-        launcher.update(save_strategy="steps", save_steps=options.save_steps, save_total_limit=2)
-    if options.model:
-        launcher["model_name_or_path"] = options.model
-    if options.synthetic:
-        launcher["synthetic"] = True
-    if options.resume:
-        launcher["resume_from_checkpoint"] = str(checkpoints.resolve_resume(output_dir, options.resume))
-    launcher["output_dir"] = str(output_dir)
-    launcher.update(tracking.launcher_args(recipe.name, output_dir, _keys(options.extra)))
-    layers = [
-        Layer("the smoke/CPU profile", profiles.as_argv(profiles.training_overrides(config, options.smoke, options.cpu,
-                                                                                  progress=progress))),
-        Layer(f"the recorded smoke invocation in {recipe.expected_metrics_path}", recorded_args),
-        user,
-        Layer("the launcher's options", profiles.as_argv(launcher)),
-    ]
-    layers = [layer for layer in layers if layer.argv]
+    launcher = _launcher_arguments(options, recipe, output_dir)
+    layers = _training_layers(options, recipe, config, recorded, launcher, progress)
     training = merge(make_parser, recipe.config_path, config, layers)
 
     return Setup(
@@ -157,6 +104,131 @@ def resolve(options: Options, progress=print) -> Setup:
         notes=notes,
     )
 
+
+# --- step 1: the layout a smoke run inherits --------------------------------------------------------------------------
+
+def _recorded_invocation(options: Options, recipe: Recipe, profile: str) -> dict:
+    """The invocation this recipe's smoke profile was recorded with ({} for other runs, and for `record`, whose
+    invocation is exactly what its command line says)."""
+    if not options.smoke or options.record:
+        return {}
+    return dict(profile_entry(recipe, profile).get("invocation") or {})
+
+
+def _smoke_layout(options: Options, recorded: dict) -> tuple[int | None, dict, bool]:
+    """(num_processes, mesh, changed): a smoke run keeps the layout its expected metrics were recorded with, unless
+    the user changes it (`changed`: the run is then not judged). A layout given on the command line that equals the
+    recorded one (e.g. the recipe's own --num-processes) is not a change."""
+    recorded_mesh = dict(recorded.get("mesh") or {})
+    changed = (options.num_processes is not None and options.num_processes != recorded.get("num_processes")) \
+        or (bool(options.mesh) and {**recorded_mesh, **options.mesh} != recorded_mesh)
+    if changed or not recorded:
+        return options.num_processes, dict(options.mesh or {}), changed and bool(recorded)
+    return recorded.get("num_processes"), recorded_mesh, False
+
+
+def _layout_change(invocation: dict, recorded: dict) -> str:
+    """The note said before a smoke run whose layout differs from the recorded one."""
+    def shown(mesh) -> str:
+        return str(mesh or "as in the config")
+
+    return (f"smoke layout changed to {invocation['num_processes']} process(es), mesh {shown(invocation['mesh'])} "
+            f"(recorded: {recorded.get('num_processes')} process(es), mesh {shown(recorded.get('mesh'))}); "
+            "this run is not judged against the expected metrics")
+
+
+# The launcher's options that set training arguments, and which of those make a run another run than the recorded
+# one (a shorter or longer run, another model, random weights and tokens), under their names in an invocation.
+INVOCATION_KEYS = {"max_steps": "max_steps", "synthetic": "synthetic", "model_name_or_path": "model"}
+
+
+def _option_arguments(options: Options) -> dict:
+    """{training argument: value} for the launcher's options that set one (in the order of the command line)."""
+    values: dict = {}
+    if options.max_steps is not None:
+        values["max_steps"] = options.max_steps
+    if options.bench and options.bench_steps is not None:  # warm-up, then the measured steps
+        values["max_steps"] = options.bench_warmup + options.bench_steps
+    if options.save_steps is not None:
+        values.update(save_strategy="steps", save_steps=options.save_steps, save_total_limit=2)
+    if options.model:
+        values["model_name_or_path"] = options.model
+    if options.synthetic:
+        values["synthetic"] = True
+    return values
+
+
+def _invocation(options: Options, accelerate: dict, recorded: dict, num_processes: int | None, mesh: dict) -> dict:
+    """What defines this run for judging (its layout, the training arguments given, and the launcher's options in
+    INVOCATION_KEYS), matched against the recorded invocation before a smoke run is judged."""
+    invocation = {"num_processes": num_processes or int(accelerate.get("num_processes", 1)), "mesh": mesh,
+                  "training_args": list(recorded.get("training_args") or []) + _without_output_dir(options.extra)}
+    if options.num_machines and options.num_machines > 1:
+        invocation["num_machines"] = options.num_machines
+    invocation.update({INVOCATION_KEYS[k]: v for k, v in _option_arguments(options).items() if k in INVOCATION_KEYS})
+    return invocation
+
+
+# --- step 2: the Accelerate config with this run's overrides ----------------------------------------------------------
+
+def _accelerate_overrides(options: Options, accelerate: dict, num_processes: int | None, mesh: dict) -> dict:
+    """{accelerate launch flag name: value}: the process count, the machines, the mesh sizes and the CPU profile's."""
+    overrides: dict = {}
+    if num_processes:
+        overrides["num_processes"] = int(num_processes)
+    for key in ("num_machines", "machine_rank", "main_process_ip", "main_process_port"):
+        if getattr(options, key) is not None:
+            overrides[key] = getattr(options, key)
+    for name, size in mesh.items():
+        overrides[MESH_KEYS[name]] = int(size)
+    if options.cpu:
+        overrides.update(profiles.cpu_accelerate(accelerate))
+    return overrides
+
+
+def _with_overrides(accelerate: dict, overrides: dict) -> dict:
+    """The Accelerate config as the run gets it: a mesh size goes into its `parallelism_config`, the rest on top."""
+    out = dict(accelerate)
+    for key, value in overrides.items():
+        if key.startswith("parallelism_config_"):
+            out["parallelism_config"] = {**(out.get("parallelism_config") or {}), key: value}
+        else:
+            out[key] = value
+    return out
+
+
+# --- step 3: the launcher's own training arguments --------------------------------------------------------------------
+
+def _launcher_arguments(options: Options, recipe: Recipe, output_dir: Path) -> dict:
+    """The training arguments the launcher adds last (they win): its options', the checkpoint to resume, the output
+    folder, and the tracking project and run name (unless given after `--`)."""
+    launcher = _option_arguments(options)
+    if options.resume:
+        launcher["resume_from_checkpoint"] = str(checkpoints.resolve_resume(output_dir, options.resume))
+    launcher["output_dir"] = str(output_dir)
+    launcher.update(tracking.launcher_args(recipe.name, output_dir, _keys(options.extra)))
+    return launcher
+
+
+# --- step 4: the merge ------------------------------------------------------------------------------------------------
+
+def _training_layers(options: Options, recipe: Recipe, config: dict, recorded: dict, launcher: dict,
+                     progress) -> list[Layer]:
+    """The training argv after `--config config.yaml`, by source, for the recipe's parser to merge over config.yaml
+    (later layers win, as in the ranks' parser): the smoke/CPU profile's, the recorded smoke invocation's, the
+    user's after `--`, the launcher's. Empty layers are left out."""
+    layers = [
+        Layer("the smoke/CPU profile", profiles.as_argv(profiles.training_overrides(config, options.smoke, options.cpu,
+                                                                                  progress=progress))),
+        Layer(f"the recorded smoke invocation in {recipe.expected_metrics_path}",
+              list(recorded.get("training_args") or [])),
+        Layer(AFTER_DASHES, list(options.extra)),
+        Layer("the launcher's options", profiles.as_argv(launcher)),
+    ]
+    return [layer for layer in layers if layer.argv]
+
+
+# --- the output folder ------------------------------------------------------------------------------------------------
 
 def _output_dir(options: Options, own: dict, recipe: Recipe, config: dict, profile: str) -> Path:
     """The one output folder: --output-dir, or `-- --output_dir`, or the default; `~` expanded, absolute."""

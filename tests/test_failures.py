@@ -17,8 +17,9 @@ import psutil
 import pytest
 
 from helpers.launcher import REPO, explain, launch_cli, launch_in_process, test_env
-from launch import checkpoints, outdir, runner
+from launch import checkpoints, envvars, outdir
 from launch.errors import LaunchError
+from launch.outdir import RunFolder
 
 
 def test_unwritable_output_dir_is_found_before_training(tmp_path):
@@ -32,7 +33,7 @@ def test_full_disk_is_found_before_training(tmp_path, monkeypatch):
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(10 * 2**30, 10 * 2**30 - 5 * 2**20, 5 * 2**20))
     with pytest.raises(LaunchError, match=r"Only 5 MiB are free under .*at least 200 MiB"):
-        runner.check_free_space(tmp_path / "out")
+        outdir.check(tmp_path / "out", resume=False, overwrite=False, min_free=envvars.min_free_bytes())
     assert not (tmp_path / "out").exists()
 
 
@@ -47,39 +48,41 @@ def _safetensors(path, keep: int | None = None) -> None:
 
 
 def test_a_half_written_checkpoint_is_never_picked(tmp_path):
+    run = RunFolder(tmp_path)
     for step, done in ((3, True), (6, True), (9, False)):
-        folder = tmp_path / f"checkpoint-{step}"
+        folder = run.checkpoint(step)
         folder.mkdir()
         _safetensors(folder / "model.safetensors")
         if done:
-            (folder / "trainer_state.json").write_text("{}")
-    assert checkpoints.newest_complete(tmp_path) == tmp_path / "checkpoint-6"
-    assert checkpoints.resolve_resume(tmp_path, "latest") == tmp_path / "checkpoint-6"
+            RunFolder(folder).trainer_state.write_text("{}")
+    assert checkpoints.newest_complete(tmp_path) == run.checkpoint(6)
+    assert checkpoints.resolve_resume(tmp_path, "latest") == run.checkpoint(6)
     with pytest.raises(LaunchError, match="not a complete checkpoint"):
-        checkpoints.resolve_resume(tmp_path, str(tmp_path / "checkpoint-9"))
+        checkpoints.resolve_resume(tmp_path, str(run.checkpoint(9)))
     with pytest.raises(LaunchError, match="no complete checkpoint"):
         checkpoints.resolve_resume(tmp_path / "empty", "latest")
 
 
 def test_a_checkpoint_with_truncated_weights_is_never_picked(tmp_path):
+    run = RunFolder(tmp_path)
     for step in (3, 6):
-        folder = tmp_path / f"checkpoint-{step}"
+        folder = run.checkpoint(step)
         folder.mkdir()
-        (folder / "trainer_state.json").write_text("{}")
+        RunFolder(folder).trainer_state.write_text("{}")
         _safetensors(folder / "model.safetensors")
-    size = (tmp_path / "checkpoint-6" / "model.safetensors").stat().st_size
-    _safetensors(tmp_path / "checkpoint-6" / "model.safetensors", keep=size - 8)
-    assert checkpoints.problems(tmp_path / "checkpoint-6") == [
+    size = (run.checkpoint(6) / "model.safetensors").stat().st_size
+    _safetensors(run.checkpoint(6) / "model.safetensors", keep=size - 8)
+    assert checkpoints.problems(run.checkpoint(6)) == [
         f"model.safetensors: truncated ({size - 8} bytes, its tensors need {size})"]
-    assert checkpoints.newest_complete(tmp_path) == tmp_path / "checkpoint-3"
+    assert checkpoints.newest_complete(tmp_path) == run.checkpoint(3)
     # a torch.save zip cut short (DeepSpeed's *_optim_states.pt, the Trainer's optimizer.pt)
     import torch
 
-    torch.save({"x": torch.zeros(1000)}, tmp_path / "checkpoint-3" / "optimizer.pt")
-    assert checkpoints.problems(tmp_path / "checkpoint-3") == []
-    data = (tmp_path / "checkpoint-3" / "optimizer.pt").read_bytes()
-    (tmp_path / "checkpoint-3" / "optimizer.pt").write_bytes(data[: len(data) // 2])
-    assert checkpoints.problems(tmp_path / "checkpoint-3") == ["optimizer.pt: truncated (its zip directory is missing)"]
+    torch.save({"x": torch.zeros(1000)}, run.checkpoint(3) / "optimizer.pt")
+    assert checkpoints.problems(run.checkpoint(3)) == []
+    data = (run.checkpoint(3) / "optimizer.pt").read_bytes()
+    (run.checkpoint(3) / "optimizer.pt").write_bytes(data[: len(data) // 2])
+    assert checkpoints.problems(run.checkpoint(3)) == ["optimizer.pt: truncated (its zip directory is missing)"]
 
 
 # ---- end to end: a dying rank, Ctrl-C, resume, final weights ---------------------------------------------------
@@ -114,10 +117,10 @@ def test_a_dying_rank_ends_the_job_and_resume_continues_identically(recipe, tmp_
     elapsed = time.monotonic() - started
     assert proc.returncode != 0, explain(proc)
     assert "first failure: rank 1" in proc.stdout and "RuntimeError: injected failure" in proc.stdout, explain(proc)
-    newest = out / ("checkpoint-3" if recipe in FAULT_STEP else "checkpoint-6")
+    newest = RunFolder(out).checkpoint(3 if recipe in FAULT_STEP else 6)
     assert f"last complete checkpoint: {newest}" in proc.stdout
     assert "--resume" in proc.stdout
-    died_at = (out / "launch.log").read_text().index("[fault injection]")
+    died_at = RunFolder(out).log.read_text().index("[fault injection]")
     assert died_at and elapsed < DEADLINE_S + 60, f"the job took {elapsed:.0f}s (start-up included)"
     assert _leftovers(str(out)) == []
 
@@ -129,7 +132,7 @@ def test_a_dying_rank_ends_the_job_and_resume_continues_identically(recipe, tmp_
                              *eval_args)
     assert proc.returncode == 0, explain(proc)
     assert ("not judged" if eval_args else "expected metrics: PASSED") in proc.stdout
-    resumed = json.loads((out / "run_summary.json").read_text())["observed"]
+    resumed = json.loads(RunFolder(out).summary.read_text())["observed"]
     _, whole = smoke_runs.run(recipe)
     assert whole["verdict"]["passed"] is True
     # measured: identical per-step losses and grad norms (the Trainer restores RNG, optimizer and data position)
@@ -153,7 +156,7 @@ def test_a_hanging_rank_is_named_and_the_job_stopped(tmp_path):
     assert "rank 1 stopped making progress in step 3" in proc.stderr + proc.stdout, explain(proc)
     assert "hang timeout 8 s; the other ranks got further and wait for it" in proc.stdout
     assert elapsed < 8 + 30 + 60, f"{elapsed:.0f}s (start-up included)"
-    assert json.loads((out / "run_summary.json").read_text())["stopped_by"].startswith("hang: rank 1")
+    assert json.loads(RunFolder(out).summary.read_text())["stopped_by"].startswith("hang: rank 1")
     assert _leftovers(str(out)) == []
 
 
@@ -178,8 +181,8 @@ def test_ctrl_c_stops_every_rank_keeps_the_checkpoint_and_says_how_to_resume(tmp
     assert time.monotonic() - stopped < 45  # SIGTERM to the group, SIGKILL after 30 s at the latest
     assert proc.returncode != 0
     assert "SIGINT received: stopping all ranks" in rest
-    assert f"last complete checkpoint: {out / 'checkpoint-3'}" in rest and "--resume" in rest
-    assert (out / "checkpoint-3" / "trainer_state.json").is_file()
+    assert f"last complete checkpoint: {RunFolder(out).checkpoint(3)}" in rest and "--resume" in rest
+    assert RunFolder(RunFolder(out).checkpoint(3)).trainer_state.is_file()
     time.sleep(1)
     assert _leftovers(str(out)) == []
 
@@ -201,9 +204,9 @@ def final_weights_reload_in_plain_transformers(out, tmp_path):
 
     from launch import smoke
 
-    logged = [h["eval_loss"] for h in json.loads((out / "trainer_state.json").read_text())["log_history"]
+    logged = [h["eval_loss"] for h in json.loads(RunFolder(out).trainer_state.read_text())["log_history"]
               if "eval_loss" in h]
-    final = out / "final"
+    final = RunFolder(out).final
     model = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(final)
     assert sum(p.numel() for p in model.parameters()) > 0 and all(p.abs().sum() > 0 for p in model.parameters())

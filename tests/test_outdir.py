@@ -14,6 +14,7 @@ import pytest
 from helpers.launcher import REPO, explain, launch_in_process
 from launch import outdir
 from launch.errors import LaunchError
+from launch.outdir import RunFolder
 
 HOLD = """
 import sys, time
@@ -44,19 +45,20 @@ def test_a_second_launcher_is_refused_with_the_holders_pid_and_start_time(tmp_pa
     assert claim.stale_lock["pid"] == holder.pid
     assert any(f"taking over the lock of process {holder.pid}" in n for n in claim.notes)
     outdir.claim(claim, command="second")
-    assert json.loads((out / ".launch" / "lock-machine0").read_text())["command"] == "second"
+    assert json.loads(RunFolder(out).lock(0).read_text())["command"] == "second"
     outdir.release(claim)
-    assert not (out / ".launch" / "lock-machine0").exists()
+    assert not RunFolder(out).lock(0).exists()
 
 
 def test_a_dead_runs_files_are_adopted_and_foreign_files_refused(tmp_path):
     out = tmp_path / "out"
     claim = outdir.claim(outdir.check(out, resume=False, overwrite=False), command="first")
-    (out / "checkpoint-3").mkdir()  # written by the run, which then dies without releasing
-    lock = json.loads((out / ".launch" / "lock-machine0").read_text())
-    (out / ".launch" / "lock-machine0").write_text(json.dumps({**lock, "pid": 2**22 + 7}))  # no such process
+    run = RunFolder(out)
+    run.checkpoint(3).mkdir()  # written by the run, which then dies without releasing
+    lock = json.loads(run.lock(0).read_text())
+    run.lock(0).write_text(json.dumps({**lock, "pid": 2**22 + 7}))  # no such process
     claim = outdir.check(out, resume=True, overwrite=False)
-    assert "checkpoint-3" in outdir._adoptable(out, ["checkpoint-3"], claim.stale_lock)
+    assert run.checkpoint(3).name in outdir._adoptable(out, [run.checkpoint(3).name], claim.stale_lock)
     (out / "notes.txt").write_text("mine")
     (out / "notes.txt").touch()
     import os
@@ -69,22 +71,37 @@ def test_a_dead_runs_files_are_adopted_and_foreign_files_refused(tmp_path):
 def test_overwrite_deletes_only_what_runs_created_and_says_so(tmp_path):
     out = tmp_path / "out"
     claim = outdir.claim(outdir.check(out, resume=False, overwrite=False), command="first")
-    for name in ("checkpoint-4", "final"):
-        (out / name).mkdir()
-    (out / "trainer_state.json").write_text("{}")
+    run = RunFolder(out)
+    for folder in (run.checkpoint(4), run.final):
+        folder.mkdir()
+    run.trainer_state.write_text("{}")
     outdir.release(claim)
-    manifest = json.loads((out / ".launch" / "manifest.json").read_text())["entries"]
-    assert manifest == ["checkpoint-4", "final", "trainer_state.json"]
+    manifest = json.loads(run.manifest.read_text())["entries"]
+    # (the messages below name them as a user reads them)
+    assert manifest == sorted(p.name for p in (run.checkpoint(4), run.final, run.trainer_state))
     with pytest.raises(LaunchError, match=r"earlier run's checkpoints or final weights \(checkpoint-4, final\)"):
         outdir.check(out, resume=False, overwrite=False)
     claim = outdir.check(out, resume=False, overwrite=True)
     assert claim.delete == ["checkpoint-4", "final", "trainer_state.json"]
     assert any("--overwrite: deleting the earlier run's checkpoint-4, final, trainer_state.json" in n for n in claim.notes)
     outdir.claim(claim, command="second")
-    assert sorted(p.name for p in out.iterdir()) == [".launch"]
+    assert sorted(p.name for p in out.iterdir()) == [run.meta.name]
     outdir.release(claim)
 
 
 def test_tilde_is_expanded(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert outdir.expand("~/x") == tmp_path / "x"
+
+
+def test_a_claimed_folder_is_proven_writable_and_the_probe_leaves_nothing(tmp_path):
+    out = RunFolder(tmp_path / "out")
+    claim = outdir.claim(outdir.check(out.path, resume=False, overwrite=False), command="first")
+    out.check_writable()
+    assert sorted(p.name for p in out.meta.iterdir()) == sorted([out.manifest.name, out.lock(0).name])
+    outdir.release(claim)
+    blocked = RunFolder(tmp_path / "blocked")
+    blocked.path.mkdir()
+    blocked.meta.write_text("a file where the launcher's folder goes")  # refused even for root, unlike a chmod
+    with pytest.raises(LaunchError, match=f"The output folder {blocked.path} is not writable"):
+        blocked.check_writable()

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from helpers.common import OFFLINE_ENV, free_port  # noqa: F401 (re-exported for the tests)
+from launch.outdir import RunFolder
 from launch.plots import write_comparison
 from launch.stepdiff import step_difference
 
@@ -78,7 +79,7 @@ class SmokeRuns:
         if key not in self.done:
             out = self.root / f"{recipe}-{len(self.done)}"
             proc = launch_in_process(recipe, "--smoke", "--cpu", "--output-dir", out, *args)
-            summary_path = out / "run_summary.json"
+            summary_path = RunFolder(out).summary
             summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
             self.done[key] = (proc, summary)
         return self.done[key]
