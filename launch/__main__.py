@@ -1,41 +1,26 @@
-"""`python -m launch`: the entry point; dispatch only (each subcommand is a module of `launch.commands`).
+"""`python -m launch`: the entry point; dispatch only.
 
-    python -m launch list
-    python -m launch doctor [RECIPE] [--cpu]
-    python -m launch RECIPE [--smoke] [--cpu] [--num-processes N] [--sp-size N] ... [--dry-run] [-- training args]
-    python -m launch record RECIPE --smoke [--cpu] [...]     (re-records expected_metrics.json; deliberate)
-    python -m launch plan RECIPE [--gpus N] [--nodes M] [--gpu-memory GIB] [--host-memory GIB] [--max-length L|auto] ...
-    python -m launch bench RECIPE --max-length auto [run options]  (GPU host: the longest length that trains)
-    python -m launch compare RUN_DIR RUN_DIR... [--out FILE.png]
-    python -m launch sync-scripts                              (templates/train.py -> every marked recipe copy)
+    python -m launch RECIPE [run options] [-- training args]     (the run form: validate, plan, run, judge)
+    python -m launch COMMAND [options]                            (each a module of `launch.commands`)
+    python -m launch help [COMMAND]                               (= --help: the commands, one line each)
 """
 
 from __future__ import annotations
 
 import sys
 
-from launch.commands import bench, compare, doctor, listing, plan, run, sync
-from launch.errors import LaunchError
-
-COMMANDS = {
-    "list": listing.main,
-    "doctor": doctor.main,
-    "plan": plan.main,
-    "bench": bench.main,
-    "compare": compare.main,
-    "record": run.record_main,
-    "sync-scripts": sync.main,
-}
+from launch.commands import guarded, registered, run
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = COMMANDS.get(argv[0]) if argv else None
+    commands = registered()
+    if argv and argv[0] in commands:
+        command, rest = commands[argv[0]].main, argv[1:]
+    else:  # the run form: its first word is a recipe
+        command, rest = guarded(run.main), argv
     try:
-        return command(argv[1:]) if command else run.main(argv)
-    except LaunchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return command(rest)
     except KeyboardInterrupt:  # Ctrl-C before or after the ranks ran (while they run, supervise forwards it)
         print("\n[launch] interrupted (Ctrl-C)", file=sys.stderr)
         return 130

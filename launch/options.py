@@ -1,6 +1,10 @@
 """What the user asked for on the command line, shared by every command that runs or plans a recipe: the `Options`
 of a run, the run parser (`python -m launch RECIPE ...`, also used by `record` and `bench`), and the split at `--`.
 
+Each run option is declared once, as a field of `Options` whose metadata carries its help, its command-line spelling
+and where its default comes from; the parser is generated from the fields (as torchtitan's job config and
+transformers' `HfArgumentParser` do), so a flag, its default and the value a run reads cannot drift apart.
+
 One floor below the commands (`launch.commands`), as TRL's `trl/cli` keeps its shared command context below the
 commands that use it.
 """
@@ -9,46 +13,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-from dataclasses import dataclass, field
+import typing
+from dataclasses import MISSING, Field, dataclass, field, fields
 
-from launch.envvars import optional_int
 from launch.errors import LaunchError
 
 MESH_OPTIONS = ("dp_replicate", "dp_shard", "cp", "sp")  # the mesh dimensions a run may override (`--X-size`)
-
-
-@dataclass
-class Options:
-    """What the user asked for on the command line."""
-
-    recipe: str
-    smoke: bool = False
-    cpu: bool = False
-    num_processes: int | None = None
-    mesh: dict = field(default_factory=dict)  # e.g. {"sp": 4, "dp_shard": 2}
-    output_dir: str | None = None
-    max_steps: int | None = None
-    save_steps: int | None = None
-    resume: str | None = None  # "latest" or a checkpoint folder
-    overwrite: bool = False  # delete an earlier run's files in the output folder first
-    force: bool = False  # start even when the planner predicts that the run does not fit this machine's memory
-    bench: bool = False  # measure step time, tokens/s, MFU and memory (launch.bench)
-    bench_warmup: int = 2  # steps excluded from the measurement
-    bench_steps: int | None = None  # measured steps (the run stops after warm-up + these)
-    synthetic: bool = False  # the model's architecture from config.json, random weights and tokens (launch.synthetic)
-    model: str | None = None  # --model: model_name_or_path (a folder with config.json, or a hub id)
-    loss_sentinel: bool = True  # the first-steps loss sentinel, where the recipe records a band (launch.sentinel)
-    record: bool = False  # `record`: the invocation is exactly what the command line says, nothing inherited
-    extra: list[str] = field(default_factory=list)  # training arguments after `--`, passed on verbatim
-    # Multi-node: total machines, this machine's rank, and the rendezvous address of machine rank 0.
-    num_machines: int | None = None
-    machine_rank: int | None = None
-    main_process_ip: str | None = None
-    main_process_port: int | None = None
-    main_process_port_source: str = "--main-process-port"  # or "MASTER_PORT" when the environment gave it
-    hang_timeout: float | None = None  # seconds; None: the profile's default; math.inf: the watchdog is off
-    rendezvous_timeout: float = 300.0
+# the help group of the multi-node options; launch.envvars.rendezvous fills in what is not given
+MULTI_NODE = ("multi-node (defaults from the scheduler's variables: SLURM, SkyPilot, a Kubeflow TrainJob, "
+              "MASTER_ADDR/MASTER_PORT; docs/schedulers.md)")
 
 
 class Parser(argparse.ArgumentParser):
@@ -74,46 +47,145 @@ def hang_timeout(value: str) -> float:
     return seconds
 
 
-def run_parser(prog: str) -> argparse.ArgumentParser:
-    p = Parser(prog=prog, description="Validate, plan, run and judge a recipe.")
-    p.add_argument("recipe", help="a folder name under recipes/ (see `python -m launch list`) or a path")
-    p.add_argument("--smoke", action="store_true", help="tiny offline model and data, few steps, judged against expected metrics")
-    p.add_argument("--cpu", action="store_true", help="run the processes on CPU over gloo, in fp32")
-    p.add_argument("--num-processes", type=int, help="total processes (GPUs); default: the Accelerate config's")
-    for dim in MESH_OPTIONS:
-        p.add_argument(f"--{dim.replace('_', '-')}-size", type=int, help=f"override parallelism_config_{dim}_size")
-    p.add_argument("--output-dir", help="where checkpoints, trainer_state.json and run_summary.json go")
-    p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
-    p.add_argument("--save-steps", type=int, help="save a checkpoint every N steps (kept: the last 2)")
-    p.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
-                   help="continue from the newest complete checkpoint in the output folder, or from CHECKPOINT")
-    p.add_argument("--overwrite", action="store_true",
-                   help="delete an earlier run's files in the output folder (it says which) and start again")
-    p.add_argument("--hang-timeout", type=hang_timeout, metavar="SECONDS|off",
-                   help="stop the job when no rank made progress for this long (default: 60 for --smoke, 900 "
-                        "otherwise; at least 5 x the slowest step seen); `off` turns the watchdog off")
-    p.add_argument("--force", action="store_true",
-                   help="start even when the planner predicts the run does not fit this machine's GPU or host memory")
-    p.add_argument("--bench", action="store_true",
-                   help="measure step time, tokens/s per GPU, MFU and peak memory (after warm-up) into run_summary.json")
-    p.add_argument("--bench-steps", type=int, metavar="N", help="with --bench: stop after warm-up + N steps")
-    p.add_argument("--bench-warmup", type=int, default=2, metavar="N", help="with --bench: steps not measured (2)")
-    p.add_argument("--synthetic", action="store_true",
-                   help="the model's architecture from its config.json with random weights, random token rows of "
-                        "max_length: no weights, tokenizer or dataset needed (throughput and memory)")
-    p.add_argument("--model", metavar="DIR_OR_ID", help="model_name_or_path for this run (with --synthetic: a folder "
-                   "holding only config.json is enough)")
-    p.add_argument("--no-loss-sentinel", dest="loss_sentinel", action="store_false",
-                   help="do not stop the run when its first logged losses leave the recipe's recorded band")
-    p.add_argument("--dry-run", action="store_true", help="print the command and the effective setup, run nothing")
-    m = p.add_argument_group("multi-node (defaults from SLURM_NNODES, SLURM_NODEID, MASTER_ADDR, MASTER_PORT)")
-    m.add_argument("--num-machines", type=int, default=optional_int("SLURM_NNODES"))
-    m.add_argument("--machine-rank", type=int, default=optional_int("SLURM_NODEID"))
-    m.add_argument("--main-process-ip", default=os.environ.get("MASTER_ADDR"))
-    m.add_argument("--main-process-port", type=int)
-    m.add_argument("--rendezvous-timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="machine ranks > 0: how long to wait for machine rank 0 before giving up (300)")
-    return p
+def option(help: str | None = None, *, default=None, default_factory=MISSING, flag: str | None = None,
+           metavar: str | None = None, type=None, nargs: str | None = None, const=None,
+           group: str | None = None, each: tuple[str, ...] | None = None) -> Field:
+    """A run option: a dataclass field whose metadata says how the command line spells it.
+
+    flag: `--field-name` unless given (no leading dash: a positional argument; a `bool` field defaulting to True
+    needs its `--no-...` flag). The argparse type is the field's annotation unless `type` is given; a `bool` is a
+    switch. `help` may name the default as argparse does (`%(default)s`). each: one option per key (`flag` and `help` formatted with it),
+    collected into a dict of the keys given."""
+    cli = dict(help=help, flag=flag, metavar=metavar, type=type, nargs=nargs, const=const, group=group,
+               each=each)
+    metadata = {"cli": {k: v for k, v in cli.items() if v is not None}}
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user asked for on the command line (built once, never changed: `options_from` or a direct call)."""
+
+    recipe: str = option("a folder name under recipes/ (see `python -m launch list`) or a path", default=MISSING,
+                         flag="recipe")
+    smoke: bool = option("tiny offline model and data, few steps, judged against expected metrics", default=False)
+    cpu: bool = option("run the processes on CPU over gloo, in fp32", default=False)
+    num_processes: int | None = option("total processes (GPUs); default: the Accelerate config's")
+    mesh: dict = option("override parallelism_config_{}_size", default_factory=dict, flag="--{}-size", type=int,
+                        each=MESH_OPTIONS)  # e.g. {"sp": 4, "dp_shard": 2}
+    output_dir: str | None = option("where checkpoints, trainer_state.json and run_summary.json go")
+    max_steps: int | None = option("stop after this many optimizer steps")
+    save_steps: int | None = option("save a checkpoint every N steps (kept: the last 2)")
+    resume: str | None = option("continue from the newest complete checkpoint in the output folder, or from "
+                                "CHECKPOINT", nargs="?", const="latest", metavar="CHECKPOINT")
+    overwrite: bool = option("delete an earlier run's files in the output folder (it says which) and start again",
+                             default=False)
+    # seconds; None: the profile's default; math.inf: the watchdog is off
+    hang_timeout: float | None = option("stop the job when no rank made progress for this long (default: 60 for "
+                                        "--smoke, 900 otherwise; at least 5 x the slowest step seen); `off` turns "
+                                        "the watchdog off", type=hang_timeout, metavar="SECONDS|off")
+    force: bool = option("start even when the planner predicts the run does not fit this machine's GPU or host "
+                         "memory", default=False)
+    bench: bool = option("measure step time, tokens/s per GPU, MFU and peak memory (after warm-up) into "
+                         "run_summary.json", default=False)  # launch.bench
+    bench_steps: int | None = option("with --bench: stop after warm-up + N steps", metavar="N")
+    bench_warmup: int = option("with --bench: steps not measured (%(default)s)", default=2, metavar="N")
+    synthetic: bool = option("the model's architecture from its config.json with random weights, random token rows "
+                             "of max_length: no weights, tokenizer or dataset needed (throughput and memory)",
+                             default=False)  # launch.synthetic
+    model: str | None = option("model_name_or_path for this run (with --synthetic: a folder holding only "
+                               "config.json is enough)", metavar="DIR_OR_ID")
+    loss_sentinel: bool = option("do not stop the run when its first logged losses leave the recipe's recorded band",
+                                 default=True, flag="--no-loss-sentinel")  # launch.sentinel
+    dry_run: bool = option("print the command and the effective setup, run nothing", default=False)
+    # Multi-node: total machines, this machine's rank, and the rendezvous address of machine rank 0.
+    num_machines: int | None = option(group=MULTI_NODE)
+    machine_rank: int | None = option(group=MULTI_NODE)
+    main_process_ip: str | None = option(group=MULTI_NODE)
+    main_process_port: int | None = option(group=MULTI_NODE)
+    rendezvous_timeout: float = option("machine ranks > 0: how long to wait for machine rank 0 before giving up "
+                                       "(%(default)g)", default=300.0, metavar="SECONDS", group=MULTI_NODE)
+    # Not options of their own: set by the command that builds the Options.
+    main_process_port_source: str = "--main-process-port"  # or the scheduler variable it came from (envvars.rendezvous)
+    record: bool = False  # `record`: the invocation is exactly what the command line says, nothing inherited
+    extra: list[str] = field(default_factory=list)  # training arguments after `--`, passed on verbatim
+
+
+def _cli_fields(names=None) -> list[Field]:
+    return [f for f in fields(Options) if "cli" in f.metadata and (names is None or f.name in names)]
+
+
+def _kind(f: Field):
+    """The field's annotation without `| None` (int, float, str, bool)."""
+    hint = typing.get_type_hints(Options)[f.name]
+    return next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+
+
+def _each(f: Field) -> list[tuple[str, str, str]]:
+    """(key, flag, dest) of an `each` option."""
+    cli = f.metadata["cli"]
+    return [(key, flag := cli["flag"].format(key.replace("_", "-")), flag.lstrip("-").replace("-", "_"))
+            for key in cli["each"]]
+
+
+def _arguments(f: Field) -> list[tuple[str, dict]]:
+    """The `add_argument` calls that declare one field."""
+    cli = f.metadata["cli"]
+    if "each" in cli:
+        return [(flag, {"dest": dest, "type": cli["type"], "help": cli["help"].format(key)})
+                for key, flag, dest in _each(f)]
+    kwargs = {k: cli[k] for k in ("help", "metavar", "nargs", "const") if k in cli}
+    flag = cli.get("flag", f"--{f.name.replace('_', '-')}")
+    if not flag.startswith("-"):  # positional: argparse takes its dest from the name
+        return [(flag, kwargs)]
+    kwargs["dest"] = f.name
+    if _kind(f) is bool:
+        kwargs["action"] = "store_false" if f.default else "store_true"
+    else:
+        kwargs["type"] = cli.get("type", _kind(f))
+        kwargs["default"] = f.default  # None for the multi-node options: launch.envvars.rendezvous fills them in
+    return [(flag, kwargs)]
+
+
+def add_options(parser: argparse.ArgumentParser, names=None) -> argparse.ArgumentParser:
+    """Declare the run options `names` (all when None) on `parser`, in field order, grouped as declared."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    chosen = _cli_fields(names)
+    for f in chosen:
+        group = f.metadata["cli"].get("group")
+        if group and group not in groups:
+            groups[group] = parser.add_argument_group(group)
+        target = groups[group] if group else parser
+        for flag, kwargs in _arguments(f):
+            target.add_argument(flag, **kwargs)
+    return parser
+
+
+def values_from(ns: argparse.Namespace, names=None) -> dict:
+    """The parsed values of the run options `names` (all when None), keyed by field name."""
+    values = {}
+    for f in _cli_fields(names):
+        if "each" in f.metadata["cli"]:
+            values[f.name] = {key: v for key, _flag, dest in _each(f) if (v := getattr(ns, dest, None)) is not None}
+        else:
+            values[f.name] = getattr(ns, f.name)
+    return values
+
+
+def run_parser(prog: str, epilog: str | None = None) -> Parser:
+    """The parser of `python -m launch RECIPE ...`, generated from the fields of `Options`; `epilog` is printed as
+    written (the list of commands)."""
+    formatter = argparse.RawDescriptionHelpFormatter if epilog else argparse.HelpFormatter
+    return add_options(Parser(prog=prog, description="Validate, plan, run and judge a recipe.", epilog=epilog,
+                              formatter_class=formatter))
+
+
+def options_from(ns: argparse.Namespace, extra: list[str], *, record: bool = False) -> Options:
+    """The Options of a parsed run command line. The multi-node options not given are filled in later from the
+    scheduler's variables, in one place (`launch.envvars.rendezvous`, called by the runner)."""
+    return Options(**values_from(ns), extra=list(extra), record=record)
 
 
 def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -124,19 +196,7 @@ def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def mesh_overrides(ns) -> dict:
-    return {dim: getattr(ns, f"{dim}_size") for dim in MESH_OPTIONS if getattr(ns, f"{dim}_size", None) is not None}
-
-
-def options_from(ns, extra) -> Options:
-    port, port_source = ns.main_process_port, "--main-process-port"
-    if port is None and (port := optional_int("MASTER_PORT")) is not None:
-        port_source = "the environment variable MASTER_PORT"
-    return Options(recipe=ns.recipe, smoke=ns.smoke, cpu=ns.cpu, num_processes=ns.num_processes, mesh=mesh_overrides(ns),
-                   output_dir=ns.output_dir, max_steps=ns.max_steps, save_steps=ns.save_steps, resume=ns.resume,
-                   overwrite=ns.overwrite, force=ns.force, bench=ns.bench, bench_steps=ns.bench_steps,
-                   bench_warmup=ns.bench_warmup, synthetic=ns.synthetic, model=ns.model,
-                   loss_sentinel=ns.loss_sentinel, extra=extra, num_machines=ns.num_machines,
-                   machine_rank=ns.machine_rank, main_process_ip=ns.main_process_ip,
-                   main_process_port=port, main_process_port_source=port_source, hang_timeout=ns.hang_timeout,
-                   rendezvous_timeout=ns.rendezvous_timeout)
+def parse_run(argv: list[str], prog: str, *, record: bool = False, epilog: str | None = None) -> Options:
+    """`RECIPE [options] [-- training args]` -> Options."""
+    own, extra = split_extra(argv)
+    return options_from(run_parser(prog, epilog).parse_args(own), extra, record=record)

@@ -20,6 +20,9 @@ from launch.errors import LaunchError
 
 RECIPES_DIR = REPO_ROOT / "recipes"
 RECIPE_FILES = ("config.yaml", "train.py", "expected_metrics.json", "README.md")
+# The first words `python -m launch WORD` reads as a command, not as a recipe: a folder of recipes/ named like one could
+# never be run by name, so discovery refuses it. Each command claims its word here (launch.commands checks it).
+COMMAND_NAMES = ("bench", "compare", "doctor", "help", "list", "plan", "record", "sync-scripts")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -145,10 +148,25 @@ class Recipe:
         return module
 
 
-def recipe_dirs() -> list[Path]:
+def _candidate_dirs() -> list[Path]:
     if not RECIPES_DIR.is_dir():
         return []
     return sorted(p for p in RECIPES_DIR.iterdir() if p.is_dir() and (p / "config.yaml").is_file())
+
+
+def recipe_dirs() -> list[Path]:
+    """The recipe folders under recipes/, without those named like a command (`refused_dirs`)."""
+    return [p for p in _candidate_dirs() if p.name not in COMMAND_NAMES]
+
+
+def refused_dirs() -> list[Path]:
+    """Folders under recipes/ that hold a config.yaml but are named like a command of `python -m launch`."""
+    return [p for p in _candidate_dirs() if p.name in COMMAND_NAMES]
+
+
+def refusal(folder: Path) -> str:
+    return (f"The recipe folder {folder} is named like the command `python -m launch {folder.name}`, so it cannot be "
+            f"run by its name. Rename the folder, e.g. `mv {folder} {folder.with_name(folder.name + '-recipe')}`.")
 
 
 def recipe_names() -> list[str]:
@@ -171,6 +189,8 @@ def find_recipe(name: str, optional: tuple[str, ...] = ()) -> Recipe:
             f"Unknown recipe `{name}`.{hint} Recipes are the folders under {RECIPES_DIR} that hold a config.yaml; "
             "`python -m launch list` shows them all."
         )
+    if folder.name in COMMAND_NAMES and folder.parent.resolve() == RECIPES_DIR.resolve():
+        raise LaunchError(refusal(folder))
     missing = [f for f in RECIPE_FILES if not (folder / f).is_file() and f not in optional]
     if missing == ["expected_metrics.json"]:
         raise LaunchError(

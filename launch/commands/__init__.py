@@ -1,1 +1,81 @@
-"""The subcommands of `python -m launch`, one module each (`launch.__main__` dispatches to their `main(argv)`)."""
+"""The subcommands of `python -m launch`, one module each. A module registers its command with `@command(NAME, HELP)`
+on its `main(argv) -> int`; `launch.__main__` dispatches from `registered()`, which imports every module of this
+package, so a new command is one new module (TRL's `trl/cli` registers its commands the same way).
+
+Every command has one error convention, applied by `command` itself (so also when a test calls a module's `main`):
+a problem is a `LaunchError` (usage errors too, through `launch.options.Parser`), printed as `error: PARAGRAPH` on
+stderr, exit status 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from launch.errors import LaunchError
+from launch.recipes import COMMAND_NAMES
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str  # `python -m launch NAME ...`
+    help: str  # one line, for `python -m launch --help`
+    main: Callable[[list[str]], int]  # argv after NAME -> exit status
+
+
+_REGISTRY: dict[str, Command] = {}
+
+
+def guarded(main: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
+    """`main` under the one error convention: a LaunchError is printed as one paragraph and exits 2; argparse's
+    `--help` (which prints, then raises SystemExit(0)) returns 0, so that `help COMMAND` and in-process callers get
+    a status instead of an exception."""
+
+    @functools.wraps(main)
+    def run(argv: list[str]) -> int:
+        try:
+            return main(argv)
+        except LaunchError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except SystemExit as e:
+            if e.code not in (0, None):
+                raise
+            return 0
+
+    return run
+
+
+def command(name: str, help: str):
+    """Register the decorated `main(argv) -> int` as `python -m launch NAME`, under the error convention."""
+    if name not in COMMAND_NAMES:  # a developer's mistake: found at import, by every test
+        raise RuntimeError(f"command `{name}`: add it to launch.recipes.COMMAND_NAMES, so that no recipe folder can "
+                           "be named like it")
+
+    def register(main):
+        if name in _REGISTRY and _REGISTRY[name].main.__wrapped__ is not main:
+            raise RuntimeError(f"two commands are named `{name}`")
+        _REGISTRY[name] = Command(name, help, guarded(main))
+        return _REGISTRY[name].main
+
+    return register
+
+
+def registered() -> dict[str, Command]:
+    """Every command, by name (sorted), after importing each module of this package."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    return dict(sorted(_REGISTRY.items()))
+
+
+def overview() -> str:
+    """The commands, one line each (the epilog of `python -m launch --help`)."""
+    commands = registered()
+    width = max(map(len, commands)) + 2
+    lines = [f"  {c.name:<{width}}{c.help}" for c in commands.values()]
+    return "\n".join(["commands (python -m launch COMMAND ...; `python -m launch help COMMAND` shows its options):",
+                      *lines, "", "Training arguments after `--` are passed to the recipe's train.py unchanged."])

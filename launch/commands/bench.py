@@ -9,6 +9,7 @@ against the planner's prediction.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -16,26 +17,55 @@ import tempfile
 from pathlib import Path
 
 from launch import bench
+from launch.commands import command
 from launch.errors import LaunchError
 from launch.machine import gpu_info, gpu_memory_gib, host_memory_gib
 from launch.memory_plan import default_target, plan_memory
-from launch.options import options_from, run_parser, split_extra
+from launch.options import Parser, options_from, run_parser, split_extra
+from launch.outdir import RunFolder
 from launch.resolve import resolve
 
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
 MEASURED_STEPS = 2
+MAX_LENGTH = "--max-length"
 
 
+def auto(value: str) -> str:
+    if value != "auto":
+        raise argparse.ArgumentTypeError("bench searches the longest length: pass --max-length auto (for one length, "
+                                         "run the recipe with --bench -- --max_length L)")
+    return value
+
+
+def parser() -> Parser:
+    """The run's options, and the required `--max-length auto`."""
+    p = run_parser("python -m launch bench")
+    p.description = ("GPU host: the longest global sequence length that really trains here, bisected with a few "
+                     "real --bench steps per try. Takes the run's options.")
+    p.add_argument(MAX_LENGTH, required=True, type=auto, metavar="auto", help="search the longest length (required)")
+    return p
+
+
+def without_max_length(own: list[str]) -> list[str]:
+    """The run's own options for each try: ours minus `--max-length auto` (also as `--max-length=auto`, or any
+    prefix of the flag that argparse accepted: one that reaches `--max-l`, past `--max-steps`)."""
+    kept, skip = [], False
+    for arg in own:
+        key = arg.split("=", 1)[0]
+        if skip:
+            skip = False
+        elif len(key) >= len("--max-l") and MAX_LENGTH.startswith(key):
+            skip = "=" not in arg
+        else:
+            kept.append(arg)
+    return kept
+
+
+@command("bench", "GPU host: the longest sequence length that really trains here (--max-length auto)")
 def main(argv: list[str]) -> int:
     own, extra = split_extra(argv)
-    if "--max-length" not in own:
-        raise LaunchError("usage: python -m launch bench RECIPE --max-length auto [run options] [-- training args]")
-    i = own.index("--max-length")
-    if own[i + 1:i + 2] != ["auto"]:
-        raise LaunchError("bench searches the longest length: pass --max-length auto (for one length, run the recipe "
-                          "with --bench -- --max_length L).")
-    own = own[:i] + own[i + 2:]
-    ns = run_parser("python -m launch bench").parse_args(own)
+    ns = parser().parse_args(own)
+    own = without_max_length(own)
     if ns.cpu or gpu_info()[0] == 0:
         raise LaunchError("bench --max-length auto searches on this machine's GPUs, and it has none: out-of-memory is "
                           "what it looks for. Use `python -m launch plan RECIPE --max-length auto` to plan for a "
@@ -55,8 +85,9 @@ def main(argv: list[str]) -> int:
         cmd = [sys.executable, "-m", "launch", *own, "--bench", "--bench-steps", str(MEASURED_STEPS),
                "--output-dir", str(out), "--force", "--", *extra, "--max_length", str(length)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
-        log = (out / "launch.log").read_text(errors="replace") if (out / "launch.log").is_file() else proc.stdout
-        summary = json.loads((out / "run_summary.json").read_text()) if (out / "run_summary.json").is_file() else {}
+        files = RunFolder(out)
+        log = files.log.read_text(errors="replace") if files.log.is_file() else proc.stdout
+        summary = json.loads(files.summary.read_text()) if files.summary.is_file() else {}
         measured = ((summary.get("bench") or {}).get("overall") or {})
         oom = any(m in log for m in OOM_MARKERS)
         ok = proc.returncode == 0 and not oom

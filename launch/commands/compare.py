@@ -3,14 +3,17 @@ each run's difference from the first, as one PNG (`launch.plots`) and a table.""
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
+from launch.commands import command
+from launch.errors import LaunchError
+from launch.options import Parser
 from launch.plots import DEFAULT_OUT, CompareError, read_run, run_label, unique_labels, write_comparison
 
+
+@command("compare", "plot and tabulate per-step loss and grad_norm of run folders against the first")
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m launch compare",
         description="Plot and tabulate per-step loss and grad_norm of run folders; each run is compared with the "
                     "first on the steps both logged (max |diff|, mean signed diff).")
@@ -24,8 +27,7 @@ def main(argv: list[str]) -> int:
 
     out = Path(ns.out)
     if out.suffix.lower() != ".png":
-        print(f"error: --out {out}: the plot is written as PNG; give a name ending in .png", file=sys.stderr)
-        return 2
+        raise LaunchError(f"--out {out}: the plot is written as PNG; give a name ending in .png.")
     folders = [Path(r) for r in ns.runs]
     problems, observed = [], []
     for folder in folders:
@@ -34,20 +36,17 @@ def main(argv: list[str]) -> int:
         except CompareError as e:
             problems.append(str(e))
     if problems:
-        print(f"error: {'; '.join(problems)}", file=sys.stderr)
-        return 2
+        raise LaunchError("; ".join(problems))
     labels = unique_labels(folders, [run_label(f) for f in folders])
     runs = list(zip(labels, observed))
 
     try:
         table = write_comparison(runs, out)
     except ImportError as e:
-        print(f"error: matplotlib is needed to draw the comparison ({e}); install the project's requirements",
-              file=sys.stderr)
-        return 2
+        raise LaunchError(f"matplotlib is needed to draw the comparison ({e}); install the project's "
+                          "requirements.") from None
     except OSError as e:
-        print(f"error: --out {out}: cannot write the plot ({e.strerror or e})", file=sys.stderr)
-        return 2
+        raise LaunchError(f"--out {out}: cannot write the plot ({e.strerror or e}).") from None
     print(table)
     print(f"plot: {out.resolve()}")
     return 0

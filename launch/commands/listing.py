@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from launch.commands import command
 from launch.copies import is_marked
-from launch.expected import read_expected
+from launch.errors import LaunchError
+from launch.expected import profile_entry
 from launch.layout import Layout
-from launch.recipes import find_recipe, recipe_names
+from launch.options import Parser
+from launch.recipes import find_recipe, recipe_names, refusal, refused_dirs
 
 
 def recipe_rows() -> list[dict]:
@@ -13,19 +16,21 @@ def recipe_rows() -> list[dict]:
     for name in recipe_names():
         recipe = find_recipe(name)
         layout = Layout.from_configs(recipe.accelerate, recipe.config)
-        profiles = read_expected(recipe.expected_metrics_path).get("profiles", {})
         rows.append({
             "name": name,
             "strategy": layout.strategy,
             "processes": layout.world_size,
             "purpose": recipe.description,
-            "cpu_verified": "steps" in profiles.get("smoke-cpu", {}),
+            "cpu_verified": "steps" in profile_entry(recipe, "smoke-cpu"),
             "train_script": "copy" if is_marked(recipe.train_script) else "fork",
         })
     return rows
 
 
+@command("list", "the recipes: strategy, processes, purpose, CPU-verified, train.py copy/fork")
 def main(argv: list[str]) -> int:
+    Parser(prog="python -m launch list", description="The recipe table, read from the recipe folders themselves. "
+           "Takes no arguments.").parse_args(argv)
     rows = recipe_rows()
     print(f"{'recipe':<20} {'strategy':<52} {'procs':>5}  {'CPU':<4} {'train.py':<8} purpose")
     for r in rows:
@@ -33,4 +38,6 @@ def main(argv: list[str]) -> int:
         print(f"{r['name']:<20} {r['strategy']:<52} {r['processes']:>5}  {cpu:<4} {r['train_script']:<8} {r['purpose']}")
     print("\nCPU: the smoke profile runs on CPU (gloo) and meets its recorded expected metrics in CI.")
     print("train.py: `copy` = kept equal to templates/train.py (sync-scripts); `fork` = changed on purpose (see README).")
+    if refused := refused_dirs():  # listed above without them; each named here, the listing then exits 2
+        raise LaunchError(" ".join(refusal(folder) for folder in refused))
     return 0

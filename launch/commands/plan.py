@@ -11,17 +11,20 @@ from __future__ import annotations
 import argparse
 import json
 
+from launch.commands import command
 from launch.errors import LaunchError
 from launch.memory_plan import GPU_MEMORY_GIB, Target, describe, plan_memory
-from launch.options import MESH_OPTIONS, Options, Parser, mesh_overrides, split_extra
+from launch.options import Options, Parser, add_options, split_extra, values_from
 from launch.resolve import resolve
+
+RUN_OPTIONS = ("recipe", "mesh")  # the run's own options that a plan takes too (launch.options declares them)
 
 
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m launch plan", description=(
         "Plan a recipe for a target machine: mesh, per-rank sequence length, memory per GPU and per node, verdict. "
         "Exit status 0 fits, 1 does not fit, 2 invalid input."))
-    p.add_argument("recipe")
+    add_options(p, ("recipe",))
     p.add_argument("--gpus", type=int, help="GPUs per node (default: the recipe's process count / --nodes)")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--gpu-memory", type=float, default=GPU_MEMORY_GIB, metavar="GIB",
@@ -29,12 +32,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host-memory", type=float, metavar="GIB", help="host memory per node in GiB (default: unknown)")
     p.add_argument("--max-length", metavar="L|auto", help="plan this global sequence length, or find the longest")
     p.add_argument("--model", metavar="NAME_OR_DIR", help="a hub id or a folder with the model's config.json")
-    for dim in MESH_OPTIONS:
-        p.add_argument(f"--{dim.replace('_', '-')}-size", type=int)
+    add_options(p, ("mesh",))
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
+@command("plan", "will RECIPE fit a target machine, and how long can its sequences be (no GPU needed)")
 def main(argv: list[str]) -> int:
     own, extra = split_extra(argv)
     ns = parser().parse_args(own)
@@ -49,7 +52,7 @@ def main(argv: list[str]) -> int:
     if (ns.gpus is not None and ns.gpus < 1) or ns.nodes < 1 or ns.gpu_memory <= 0 or (
             ns.host_memory is not None and ns.host_memory <= 0):
         raise LaunchError("--gpus, --nodes, --gpu-memory and --host-memory must be positive.")
-    options = Options(recipe=ns.recipe, mesh=mesh_overrides(ns), extra=extra,
+    options = Options(**values_from(ns, RUN_OPTIONS), extra=extra,
                       num_machines=ns.nodes if ns.nodes > 1 else None,
                       num_processes=ns.gpus * ns.nodes if ns.gpus else None)
     setup = resolve(options, progress=lambda *_: None)
@@ -58,6 +61,6 @@ def main(argv: list[str]) -> int:
     if ns.json:
         print(json.dumps(plan.as_json(), indent=2))
     else:
-        print(setup.layout.describe())
+        print(plan.layout.describe())  # the run's layout at the planned length (with auto: the length found)
         print(describe(plan))
     return 0 if plan.fits else 1

@@ -4,24 +4,27 @@ run from start to verdict (`launch.runner`); `record` writes its per-step metric
 from __future__ import annotations
 
 from launch import runner
+from launch.commands import command, overview
 from launch.errors import LaunchError
-from launch.options import options_from, run_parser, split_extra
+from launch.options import parse_run
 
 
 def main(argv: list[str], record: bool = False) -> int:
-    own, extra = split_extra(argv)
-    prog = "python -m launch record" if record else "python -m launch"
-    ns = run_parser(prog).parse_args(own)
-    if record and not ns.smoke:
+    """The run form, `python -m launch RECIPE ...`: not a registered command, what `launch.__main__` runs when the
+    first word names none (its --help lists the commands)."""
+    if record:
+        options = parse_run(argv, "python -m launch record", record=True)
+    else:
+        options = parse_run(argv, "python -m launch", epilog=overview())
+    if record and not options.smoke:
         raise LaunchError("`record` writes the expected metrics of a smoke profile: add --smoke (and --cpu on CPU).")
-    if (ns.bench_steps is not None and ns.bench_steps < 1) or ns.bench_warmup < 0:
+    if (options.bench_steps is not None and options.bench_steps < 1) or options.bench_warmup < 0:
         raise LaunchError("--bench-steps must be at least 1 and --bench-warmup at least 0.")
-    if ns.bench_steps is not None and not ns.bench:
+    if options.bench_steps is not None and not options.bench:
         raise LaunchError("--bench-steps needs --bench.")
-    options = options_from(ns, extra)
-    options.record = record
-    return runner.launch(options, dry_run=ns.dry_run)
+    return runner.launch(options, dry_run=options.dry_run)
 
 
+@command("record", "run RECIPE's smoke profile and write its per-step metrics as the expected ones (deliberate)")
 def record_main(argv: list[str]) -> int:
     return main(argv, record=True)
