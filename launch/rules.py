@@ -21,8 +21,10 @@ from typing import Callable
 
 from packaging.version import Version
 
-from launch import hub
+from launch import hub, sections, train_template
 from launch.constants import CP_ATTENTION, SP_ATTENTION, SP_ATTENTION_KEY
+from launch.recipes import RECIPES_DIR
+from launch.switches import is_on
 from launch.training_args import alias_ignored
 
 # Version floors per feature (upstream sources: Accelerate's FSDP2_PYTORCH_VERSION and its CP/SP checks, DeepSpeed's
@@ -157,6 +159,38 @@ def config_keys_required(setup, facts: Facts):
             "holds the GPU defaults a user runs: the Accelerate config, the model, the dataset and the output folder."
         )
     return None
+
+
+@rule()
+def script_holds_its_sections(setup, facts: Facts):
+    # A recipe's train.py holds only the optional sections of templates/train.py that its configs turn on
+    # (launch.sections); without the one a run needs, the ranks would refuse its keys or skip its code.
+    recipe, script = setup.recipe, setup.recipe.train_script
+    needed: dict[str, list[str]] = {}
+    for name in sections.wanted_sections(recipe.config, recipe.accelerate):
+        needed.setdefault(name, []).append(sections.section(name).turned_on_by)
+    for key, (_, where) in setup.explicit.items():  # a section's field given, which the script's parser lacks
+        if key not in setup.training and (name := train_template.section_of_key(key)) and name not in needed:
+            needed[name] = [f"`{key}` in {where}"]
+    if setup.layout.sp > 1 and setup.training.get("resume_from_checkpoint"):
+        needed.setdefault("ulysses-resume", []).append(f"a resumed run under Ulysses SP (sp {setup.layout.sp})")
+    keys = train_template.parts().keys
+    held = [name for name in sections.held_sections(script) if all(key in setup.training for key in keys[name])]
+    missing = {name: why for name, why in needed.items() if name not in held}
+    if not missing:
+        return None
+    lacks = "; ".join(f"{name} (needed for {', '.join(why)})" for name, why in missing.items())
+    if sections.is_marked(script):
+        command = "python -m launch sync-scripts" + ("" if recipe.path.parent == RECIPES_DIR else f" {recipe.path}")
+        how = (f"It is a copy, which holds the sections its configs turned on when it was last synced "
+               f"({', '.join(held) or 'none'}): `{command}` rewrites it with those its config.yaml and Accelerate "
+               "config turn on now ("
+               + "; ".join(f"{name}: {sections.section(name).turned_on_by}" for name in missing) + ").")
+    else:
+        how = ("It is a fork (no `# Copied from` line), which sync-scripts leaves alone: copy each section from "
+               "templates/train.py into it, all the lines between `# begin section NAME` and `# end section NAME` "
+               "(its RecipeArguments fields, its lines in main() and its functions).")
+    return f"{script} lacks the optional section(s) of templates/train.py that this run needs: {lacks}. {how}"
 
 
 @rule()
@@ -322,7 +356,7 @@ def _argv_value(value) -> str:
 def checkpointing_not_twice(setup, facts: Facts):
     fsdp = setup.accelerate.get("fsdp_config") or {}
     ckpt = setup.checkpointing  # both names resolved once (launch.training_args.checkpointing)
-    if fsdp.get("fsdp_activation_checkpointing") and ckpt.enabled:
+    if is_on(fsdp.get("fsdp_activation_checkpointing")) and ckpt.enabled:
         where = setup.explicit.get(ckpt.name, (0, "TRL's default"))[1]
         return (
             "FSDP activation checkpointing (fsdp_activation_checkpointing in the Accelerate config) and activation "
@@ -420,7 +454,7 @@ def sp_zero_stage(setup, facts: Facts):
 
 @rule(feature="alst", doc=("`tiled_mlp` only with DeepSpeed", "wrong gradients: DDP and FSDP would reduce a partial one"))
 def tiled_mlp_needs_deepspeed(setup, facts: Facts):
-    if setup.training.get("tiled_mlp") and setup.accelerate.get("distributed_type") != "DEEPSPEED":
+    if setup.training.get("tiled_mlp") and setup.layout.kind != "deepspeed":
         return ("`tiled_mlp` needs DeepSpeed (ZeRO stage 1-3): DeepSpeed's TiledMLP accumulates each weight's gradient "
                 "over the tiles and hands it to ZeRO only after the last tile; DDP and FSDP would reduce a partial one.")
     return None
@@ -502,7 +536,8 @@ def cp_no_packing(setup, facts: Facts):
 
 @rule()
 def cp_no_param_offload_on_cpu(setup, facts: Facts):
-    if _cp(setup) > 1 and setup.options.cpu and (setup.accelerate.get("fsdp_config") or {}).get("fsdp_offload_params"):
+    fsdp = setup.accelerate.get("fsdp_config") or {}
+    if _cp(setup) > 1 and setup.options.cpu and is_on(fsdp.get("fsdp_offload_params")):
         return ("fsdp_offload_params moves parameters from the accelerator to host memory; on a CPU run it fails "
                 "(\"Cannot access accelerator device when none is available\"). Set it false for CPU runs.")
     return None
@@ -568,8 +603,8 @@ def host_memory_fits(setup, facts: Facts):
     if need <= have:
         return None
     terms = ", ".join(f"{t.name} {t.gib:.1f} GiB" for t in plan.estimate.host_terms if t.gib >= 0.05)
-    return (f"This run needs {need:.1f} GiB of host memory per node ({plan.run.processes_per_node} processes, each: "
-            f"{terms}; pinned blocks rounded up to powers of two) and this machine has {have:.1f} GiB. Lower "
+    return (f"This run needs {need:.1f} GiB of host memory per node ({plan.layout.processes_per_machine} processes, "
+            f"each: {terms}; pinned blocks rounded up to powers of two) and this machine has {have:.1f} GiB. Lower "
             "max_length, turn off `offload` in activation_checkpointing_kwargs (if the GPUs can hold the "
             "checkpoints), or use a machine with more memory; `python -m launch plan RECIPE --host-memory GIB` "
             "shows the table. --force starts it anyway.")

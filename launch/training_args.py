@@ -1,7 +1,8 @@
 """A run's training arguments, merged and typed by the recipe's own parser, before any process starts.
 
-The ranks parse `train.py --config config.yaml ARGS` with TRL's `TrlParser` (an `HfArgumentParser` over SFTConfig,
-ModelConfig, ScriptArguments and the recipe's RecipeArguments): config.yaml's values become the parser's defaults
+The ranks parse `train.py --config config.yaml ARGS` with TRL's `TrlParser` (an `HfArgumentParser` over the classes
+of TRL's sft.py, ScriptArguments, SFTConfig, ModelConfig and DatasetMixtureConfig, and the recipe's RecipeArguments):
+config.yaml's values become the parser's defaults
 (`TrlParser.set_defaults_with_config`), then argparse reads ARGS. We run exactly that merge here, on a parser the
 recipe's `make_parser()` builds, so that the launcher sees the values the ranks will see: argparse's types and
 choices, `--no_X` flags, list values, YAML strings converted as argparse converts them. What we do NOT run is the
@@ -18,6 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.train_template import section_of_key
 from launch.errors import LaunchError
 
 AFTER_DASHES = "the training arguments after `--`"
@@ -74,13 +76,16 @@ def merge(make_parser, config_path: Path, config: dict, layers: list[Layer]) -> 
     problems = [_yaml_type_problem(config_path, key, value, actions[key])
                 for key, value in config.items() if key in actions]
     problems = [p for p in problems if p]
-    unknown_config = [k for k in config if k not in actions]
+    # A field of one of templates/train.py's optional sections that this recipe's script leaves out is not reported
+    # here: rules.script_holds_its_sections refuses the run and says how to get the section.
+    unknown_config = [k for k in config if k not in actions and not section_of_key(k)]
     parser.set_defaults_with_config(**config)
     argv = [token for layer in layers for token in layer.argv]
     try:
         namespace, unknown_argv = parser.parse_known_args(argv)
     except _PARSE_ERRORS as e:
         raise LaunchError(_explain(str(e), _culprit(make_parser, config_path, config, layers))) from None
+    unknown_argv = _without_section_keys(unknown_argv)
     if unknown_config or unknown_argv:
         raise LaunchError(_unknown(config_path, unknown_config, unknown_argv, layers, sorted(actions)))
     if problems:
@@ -227,7 +232,26 @@ def _unknown(config_path, unknown_config, unknown_argv, layers, known) -> str:
             parts.append(f"unexpected value `{token}` in {where}")
         previous_unknown_key = bool(key) and "=" not in token
     return ("Unknown training argument(s): " + "; ".join(parts) + ". Keys must be fields of TRL's SFTConfig, "
-            "ModelConfig, ScriptArguments or the recipe's RecipeArguments (see its train.py).")
+            "ModelConfig, ScriptArguments, DatasetMixtureConfig or the recipe's RecipeArguments (see its train.py).")
+
+
+def _without_section_keys(tokens: list[str]) -> list[str]:
+    """The unknown argv tokens without the optional sections' fields (`--key value`, `--key=value`), which
+    rules.script_holds_its_sections reports, as it does for config.yaml."""
+    out: list[str] = []
+    value_of_dropped = False
+    for token in tokens:
+        if token.startswith("--"):
+            key = token[2:].split("=", 1)[0].replace("-", "_")
+            if section_of_key(key[3:] if key.startswith("no_") else key):
+                value_of_dropped = "=" not in token
+                continue
+        elif value_of_dropped:
+            value_of_dropped = False
+            continue
+        value_of_dropped = False
+        out.append(token)
+    return out
 
 
 def _pad_to_multiple_of(values: dict) -> None:

@@ -6,8 +6,13 @@ Run it the way the recipe README shows, for example:
         recipes/zero3/train.py --config recipes/zero3/config.yaml
 
 Everything distributed (DDP, DeepSpeed ZeRO, FSDP2, context or sequence parallelism) comes from the Accelerate
-config; everything about training comes from the TRL `--config` YAML and the command line. The script itself
-is the same for every recipe: it is adapted from TRL's `trl/scripts/sft.py`.
+config; everything about training comes from the TRL `--config` YAML and the command line. The script is adapted
+from TRL's `trl/scripts/sft.py` and parses the same arguments, plus the recipe's own (RecipeArguments).
+
+templates/train.py is the canonical script. Each recipe's train.py is a copy of it that holds only the optional
+sections its configs turn on (ALST's tiled MLP, joined documents, exact resume under Ulysses SP), written by
+`python -m launch sync-scripts`: launch/copies.py says which config turns on which section. In the template each
+section sits between `# begin section NAME` and `# end section NAME` lines; the copies leave those lines out.
 """
 
 import os
@@ -20,6 +25,7 @@ class RecipeArguments:
         default=None,
         metadata={"help": "Accelerate config this recipe is launched with (read by `python -m launch`)."},
     )
+    # begin section tiled-mlp
     tiled_mlp: bool = field(
         default=False,
         metadata={
@@ -37,6 +43,7 @@ class RecipeArguments:
             "ALST, the largest value over all ranks."
         },
     )
+    # end section tiled-mlp
     synthetic: bool = field(
         default=False,
         metadata={
@@ -49,6 +56,7 @@ class RecipeArguments:
         default=None,
         metadata={"help": "Rows of a synthetic run (made when read). Default: enough for max_steps on every process."},
     )
+    # begin section join-documents
     join_documents_min_chars: int = field(
         default=0,
         metadata={
@@ -58,12 +66,13 @@ class RecipeArguments:
             "context-parallel example does with PG-19; CP cannot keep packed documents apart)."
         },
     )
+    # end section join-documents
 
 
-def main(script_args, training_args, model_args, recipe_args):
+def main(script_args, training_args, model_args, dataset_args, recipe_args):
     from accelerate.logging import get_logger
     from datasets import load_dataset
-    from trl import SFTTrainer, get_peft_config, get_quantization_config
+    from trl import SFTTrainer, get_dataset, get_peft_config, get_quantization_config
 
     logger = get_logger(__name__)
     if training_args.use_cpu:
@@ -92,9 +101,19 @@ def main(script_args, training_args, model_args, recipe_args):
         model, dataset, processing_class = prepare(model_args, training_args, script_args, recipe_args.synthetic_rows)
     else:
         model, processing_class = model_args.model_name_or_path, None  # SFTTrainer loads both
-        dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config)
+        # As TRL's sft.py: a `datasets:` mixture (DatasetMixtureConfig) wins over dataset_name.
+        if dataset_args.datasets:
+            if script_args.dataset_name:
+                logger.warning("Both `datasets` and `dataset_name` are provided. The `datasets` argument will be used "
+                               "to load the dataset and `dataset_name` will be ignored.")
+            dataset = get_dataset(dataset_args)
+        else:
+            dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config,
+                                   streaming=script_args.dataset_streaming)
+        # begin section join-documents
         if recipe_args.join_documents_min_chars:
             dataset = join_documents(dataset, training_args.dataset_text_field, recipe_args.join_documents_min_chars)
+        # end section join-documents
 
     trainer = SFTTrainer(
         model=model,
@@ -106,6 +125,7 @@ def main(script_args, training_args, model_args, recipe_args):
         peft_config=get_peft_config(model_args),
     )
 
+    # begin section tiled-mlp
     # ---- ALST (Arctic Long Sequence Training) memory features: recipes/alst-ulysses-* --------------------------
     # - Ulysses sequence parallelism: the Accelerate config (parallelism_config_sp_*), nothing here.
     # - Tiled loss: nothing here either. TRL's SFTTrainer computes the loss through a fused LM head, in tiles of
@@ -118,6 +138,7 @@ def main(script_args, training_args, model_args, recipe_args):
     # - Tiled MLP: `tiled_mlp` below.
     if recipe_args.tiled_mlp:
         tile_mlps(trainer, recipe_args.tiled_mlp_shards)
+    # end section tiled-mlp
 
     # `python -m launch` watches the ranks from outside: per-rank heartbeats (a rank that stops making progress is
     # named and the job stopped) and, with --bench, step times, tokens and memory. It asks through LAUNCH_MONITOR_DIR;
@@ -127,9 +148,11 @@ def main(script_args, training_args, model_args, recipe_args):
 
         add_callbacks(trainer)
 
+    # begin section ulysses-resume
     pc = trainer.accelerator.parallelism_config
     if training_args.resume_from_checkpoint and pc is not None and pc.sp_enabled:
         resume_sequence_parallel_exactly()
+    # end section ulysses-resume
 
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     # trainer_state.json (the per-step log_history) next to the weights, not only inside checkpoints.
@@ -144,6 +167,7 @@ def main(script_args, training_args, model_args, recipe_args):
     trainer.end()
 
 
+# begin section tiled-mlp
 # ---- ALST: tiled MLP (used by main when `tiled_mlp` is set) ----------------------------------------------------
 def tile_mlps(trainer, shards: int | None) -> None:
     """Route every dense decoder MLP (`*.mlp` with gate_proj, up_proj, down_proj) through DeepSpeed's `TiledMLP`."""
@@ -179,8 +203,10 @@ def tile_mlps(trainer, shards: int | None) -> None:
         raise ValueError(f"`tiled_mlp`: no dense MLP (gate_proj, up_proj, down_proj) in {model_class}.")
     for mlp in mlps:
         mlp.forward = types.MethodType(tiled_forward, mlp)
+# end section tiled-mlp
 
 
+# begin section join-documents
 # ---- Long rows: joined documents (used by main when `join_documents_min_chars` is set) ------------------------------
 def join_documents(dataset, text_field: str, min_chars: int):
     """Every split's `text_field` rewritten as rows of consecutive documents joined until a row holds at least
@@ -199,8 +225,10 @@ def join_documents(dataset, text_field: str, min_chars: int):
         return {text_field: rows}
 
     return dataset.map(join, batched=True, batch_size=256, remove_columns=next(iter(dataset.values())).column_names)
+# end section join-documents
 
 
+# begin section ulysses-resume
 # ---- Exact resume under Ulysses SP (used by main when a sequence-parallel run resumes) ----------------------------
 def resume_sequence_parallel_exactly() -> None:
     """Let the Trainer skip the batches a resumed sequence-parallel run has already trained on.
@@ -232,12 +260,14 @@ def resume_sequence_parallel_exactly() -> None:
         return resumed
 
     hf_trainer.skip_first_batches = skip
+# end section ulysses-resume
 
 
 def make_parser():
-    from trl import ModelConfig, ScriptArguments, SFTConfig, TrlParser
+    from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, SFTConfig, TrlParser
 
-    return TrlParser((ScriptArguments, SFTConfig, ModelConfig, RecipeArguments))
+    # TRL's sft.py parses the first four; RecipeArguments are this script's own
+    return TrlParser((ScriptArguments, SFTConfig, ModelConfig, DatasetMixtureConfig, RecipeArguments))
 
 
 if __name__ == "__main__":

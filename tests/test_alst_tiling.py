@@ -23,7 +23,7 @@ BATCH, SEQ = 2, 37  # odd length: the last tile is shorter than the others
 
 
 def _train_module():
-    spec = importlib.util.spec_from_file_location("canonical_train", REPO / "recipes" / "ddp" / "train.py")
+    spec = importlib.util.spec_from_file_location("canonical_train", REPO / "templates" / "train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -91,6 +91,7 @@ FIXTURES = {
     "inf_bound": lambda tmp: _nan_reference(tmp, key="bounds"),
     "dangling_output": lambda tmp: _dangling(tmp),
     "accelerate_config_dir": lambda tmp: {"recipe": copy_recipe(tmp, config={"accelerate_config": "accelerate_configs"})},
+    "tiled_mlp_in_a_zero3_copy": lambda tmp: {"recipe": copy_recipe(tmp, config={"tiled_mlp": True})},
 }
 
 
@@ -287,6 +288,10 @@ REFUSED = [
      "--main-process-port 0 is not a TCP port (1-65535): it is the ranks' rendezvous port, also on one machine"),
     ("accelerate-config-is-a-directory", "{recipe} --smoke --cpu --dry-run", "accelerate_config_dir", 2,
      "accelerate_config `accelerate_configs` is a directory"),
+    # issue 24: a copy holds only the template's sections its configs turned on when it was synced
+    ("section-its-copy-lacks", "{recipe} --smoke --cpu --dry-run", "tiled_mlp_in_a_zero3_copy", 2,
+     "needs: tiled-mlp (needed for `tiled_mlp: true` in config.yaml). It is a copy, which holds the sections its "
+     "configs turned on when it was last synced (none): `python -m launch sync-scripts {recipe}` rewrites it"),
 ]
 ENV_REFUSED = [
     ("min-free-not-a-number", "ddp --smoke --cpu --dry-run", {"LAUNCH_MIN_FREE_MB": "abc"}, 2,
@@ -344,6 +349,7 @@ def _values(tmp_path, fixture) -> dict:
 @shows(rules.rendezvous_port)
 @shows(rules.multinode_rendezvous)
 @shows(rules.model_and_data_found)
+@shows(rules.script_holds_its_sections)
 @pytest.mark.parametrize("case", REFUSED, ids=[c[0] for c in REFUSED])
 def test_bad_input_is_refused_before_anything_starts(case, tmp_path, capsys, no_spawn):
     _id, argv, fixture, status, fragment = case
@@ -388,7 +394,7 @@ def _dry_run(argv: str, tmp_path, capsys) -> tuple[str, list[str]]:
 
 
 @pytest.mark.parametrize("extra,passed", [
-    ("--no_gradient_checkpointing", "--no_gradient_checkpointing"),
+    ("--no_dataloader_pin_memory", "--no_dataloader_pin_memory"),  # a `--no_X` flag of TrainingArguments
     ("--lora_target_modules q_proj v_proj", "--lora_target_modules q_proj v_proj"),
     ("--run_name 007", "--run_name 007"),
     ("--gradient_accumulation_steps 2", "--gradient_accumulation_steps 2"),

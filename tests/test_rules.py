@@ -122,7 +122,10 @@ def test_fsdp_activation_checkpointing_and_gradient_checkpointing(tmp_path):
     assert "cannot both be on" in msg and "`-- --activation_checkpointing false`" in msg
     # the advice works, and so does the deprecated name when the config does not set the current one
     assert messages(resolve(Options(recipe=str(folder), extra=["--activation_checkpointing", "false"]))) == []
-    assert messages(resolve(Options(recipe=str(folder), extra=["--gradient_checkpointing", "false"]))) == []
+    unset = make_recipe(tmp_path / "unset", base="ddp", config={"activation_checkpointing": None}, accelerate={
+        "distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2, "fsdp_activation_checkpointing": True}})
+    assert any("cannot both be on" in m for m in messages(resolve(Options(recipe=str(unset)))))  # TRL's default: on
+    assert messages(resolve(Options(recipe=str(unset), extra=["--gradient_checkpointing", "false"]))) == []
     # through the deprecated name in config.yaml, the conflict is refused as well
     folder2 = make_recipe(tmp_path / "two", base="ring-cp-2gpu", config={"activation_checkpointing": None,
                                                                           "gradient_checkpointing": True},
@@ -131,18 +134,33 @@ def test_fsdp_activation_checkpointing_and_gradient_checkpointing(tmp_path):
 
 
 @shows(rules.checkpointing_one_name)
-def test_the_deprecated_checkpointing_name_is_refused_where_transformers_would_ignore_it():
-    # ring-cp-2gpu sets activation_checkpointing: true; transformers would ignore --gradient_checkpointing false
-    [msg] = messages(resolve(Options(recipe="ring-cp-2gpu", smoke=True, cpu=True,
-                                     extra=["--gradient_checkpointing", "false"])))
-    assert "`gradient_checkpointing` is given as False" in msg and "`-- --activation_checkpointing false`" in msg
-    # the current name works, and the old one given in config.yaml under a newer one on the command line is fine
+def test_the_deprecated_checkpointing_name_is_refused_where_transformers_would_ignore_it(tmp_path):
+    # every shipped recipe sets activation_checkpointing; transformers would ignore --gradient_checkpointing false
+    for recipe in ("ring-cp-2gpu", "zero3"):
+        [msg] = messages(resolve(Options(recipe=recipe, smoke=True, cpu=True,
+                                         extra=["--gradient_checkpointing", "false"])))
+        assert "`gradient_checkpointing` is given as False" in msg and "`-- --activation_checkpointing false`" in msg
+    # the current name works
     assert messages(resolve(Options(recipe="ring-cp-2gpu", smoke=True, cpu=True,
-                                    extra=["--activation_checkpointing", "false"]))) == []
-    assert messages(resolve(Options(recipe="zero3", smoke=True, cpu=True,
                                     extra=["--activation_checkpointing", "false"]))) == []
     assert resolve(Options(recipe="zero3", smoke=True, cpu=True,
                            extra=["--activation_checkpointing", "false"])).checkpointing.enabled is False
+    # the old name in a (forked) config.yaml under the new one on the command line is fine: the new one wins
+    old = make_recipe(tmp_path, config={"activation_checkpointing": None, "gradient_checkpointing": True})
+    setup = resolve(Options(recipe=str(old), smoke=True, cpu=True, extra=["--activation_checkpointing", "false"]))
+    assert messages(setup) == [] and setup.checkpointing.enabled is False
+
+
+def test_shipped_recipes_name_checkpointing_as_transformers_does_now():
+    """transformers 5.23 warns (FutureWarning, in every rank) when a run reaches it through the deprecated
+    `gradient_checkpointing*`; the shipped configs use `activation_checkpointing*`, so a first run prints no such
+    warning."""
+    from launch.recipes import recipe_names
+
+    for name in recipe_names():
+        config = yaml.safe_load(find_recipe(name).config_path.read_text())
+        assert "activation_checkpointing" in config, name
+        assert not {"gradient_checkpointing", "gradient_checkpointing_kwargs"} & set(config), name
 
 
 def test_every_rule_has_a_test_showing_its_message():
@@ -261,8 +279,12 @@ def test_sp_needs_zero_stage_1_to_3(tmp_path):
 
 
 @shows(rules.tiled_mlp_needs_deepspeed)
-def test_tiled_mlp_needs_deepspeed():
-    [msg] = messages(resolve(Options(recipe="ddp", extra=["--tiled_mlp", "true"])))
+def test_tiled_mlp_needs_deepspeed(tmp_path):
+    from launch import copies
+
+    folder = make_recipe(tmp_path, base="ddp", config={"tiled_mlp": True})
+    copies.sync_script(folder / "train.py", out=lambda *_: None)  # its copy now holds the tiled-MLP section
+    [msg] = messages(resolve(Options(recipe=str(folder))))
     assert "`tiled_mlp` needs DeepSpeed" in msg
 
 
