@@ -44,6 +44,8 @@ import statistics
 import time
 from pathlib import Path
 
+from launch import run_files  # names only
+
 DEFAULT_WARMUP = 2
 SYNC_EVERY = 10  # measured steps between two synchronised marks (and file writes)
 SYNC_ENV = "LAUNCH_BENCH_SYNC"  # "1": synchronise at every step begin and end (exact per-step times)
@@ -186,9 +188,10 @@ def bench_callback(folder: Path, warmup: int, sync_every_step: bool | None = Non
                     "memory": self.memory or _memory_now(cuda)}
             try:
                 folder.mkdir(parents=True, exist_ok=True)
-                tmp = folder / f"rank{rank}.tmp"
+                path = folder / run_files.rank_file(rank)
+                tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(info))
-                os.replace(tmp, folder / f"rank{rank}.json")
+                os.replace(tmp, path)
             except OSError:
                 pass
 
@@ -255,7 +258,7 @@ MEMORY_FIGURES = [
 
 def _read_ranks(folder: Path) -> list[dict]:
     ranks = []
-    for path in sorted(folder.glob("rank*.json")):
+    for path in sorted(folder.glob(run_files.RANK_FILES)):
         try:
             ranks.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError):
@@ -325,7 +328,7 @@ def summarize(folder: Path, arch=None, seq_len: int | None = None) -> dict | Non
         "step_time_s_median": statistics.median(s["time_s"] for s in per_step) if per_step else None,
         "step_time_s_mean": total_time / measured_steps if measured_steps else None,
         "tokens_per_s_per_gpu": tps,
-        "tokens_per_s": tps * len(ranks) if tps else None,
+        "tokens_per_s": tps * len(ranks) if tps is not None else None,  # the job's: all ranks together
         "seq_len": seq_len,
         "flops_per_token": fpt,
         "flops_per_token_causal": fpt_causal,
@@ -396,25 +399,32 @@ def format_report(summary: dict, per_step: bool = True) -> str:
     """The report as printed: overall figures, each rank's memory beside the planner's, and with `per_step` the
     table of measured steps (a long run without --bench may leave it out)."""
     o = summary["overall"]
+    # each rank is a GPU on GPU, a process on CPU (the key keeps its name: tokens_per_s_per_gpu)
+    unit, short = ("process", "proc") if o["device"] == "cpu" else ("GPU", "GPU")
     lines = [f"bench: {o['measured_steps']} measured step(s) after {o['warmup_steps']} warm-up, {o['ranks']} rank(s) "
              f"on {o['device']}" + (f" ({o['power_limit_w']:.0f} W limit)" if o.get("power_limit_w") else "")
              + f"; timing: {o.get('timing', '-')}"]
+    mfu_shown = o["mfu"] is not None
     if per_step:
-        lines.append(f"  {'step':>5} {'time (s)':>10} {'tokens/s/GPU':>13} {'MFU':>7} {'MFU causal':>11}")
+        lines.append(f"  {'step':>5} {'time (s)':>10} {'tokens/s/' + short:>13}"
+                     + (f" {'MFU':>7} {'MFU causal':>11}" if mfu_shown else ""))
     for s in summary["per_step"] if per_step else []:
-        lines.append(f"  {s['step']:>5} {s['time_s']:>10.3f} {s['tokens_per_s_per_gpu']:>13.1f} "
-                     f"{_pct(s['mfu']):>7} {_pct(s.get('mfu_causal')):>11}")
+        lines.append(f"  {s['step']:>5} {s['time_s']:>10.3f} {s['tokens_per_s_per_gpu']:>13.1f}"
+                     + (f" {_pct(s['mfu']):>7} {_pct(s.get('mfu_causal')):>11}" if mfu_shown else ""))
     if o["tokens_per_s_per_gpu"] is not None:
-        if o["mfu"] is not None:
+        if mfu_shown:
             mfu_text = f"MFU {_pct(o['mfu'])} non-causal, {_pct(o.get('mfu_causal'))} causal-discounted"
         elif o.get("mfu_note"):
             mfu_text = f"MFU omitted ({o['mfu_note']})"
         else:
             mfu_text = "MFU omitted (the model's architecture or the sequence length is unknown)"
         median = f"step {o['step_time_s_median']:.3f} s (median), " if o["step_time_s_median"] is not None else ""
-        lines.append(f"  overall: {median}{o['tokens_per_s_per_gpu']:.1f} tokens/s per GPU, {mfu_text}")
-    lines.append(f"  MFU {o['mfu_convention']}")
-    lines.append(f"  MFU {o.get('mfu_causal_convention', CONVENTIONS['mfu_causal'])}")
+        # tokens_per_s: the figure run_summary.json also holds as `tokens_per_second` (launch.runner)
+        lines.append(f"  overall: {median}{o['tokens_per_s']:.1f} tokens/s ({o['tokens_per_s_per_gpu']:.1f} per "
+                     f"{unit}), {mfu_text}")
+    if mfu_shown:  # the conventions of the figures above; an omitted MFU has none to explain
+        lines.append(f"  MFU {o['mfu_convention']}")
+        lines.append(f"  MFU {o.get('mfu_causal_convention', CONVENTIONS['mfu_causal'])}")
     rows = summary.get("memory_vs_plan")
     if rows is None:  # summarize() alone: the measured figures, no prediction
         rows = memory_vs_plan(summary, None)

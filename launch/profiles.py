@@ -38,6 +38,12 @@ CPU_TRAINING = {
 }
 
 
+# The ranks' environment on CPU: DeepSpeed told, not left to guess, that it runs on its CPU accelerator (the choice
+# its auto-detection makes without a GPU, deepspeed 0.19.8 accelerator/real_accelerator.py, where it also prints
+# "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it." in every process).
+CPU_ENV = {"DS_ACCELERATOR": "cpu"}
+
+
 def cpu_accelerate(accelerate: dict) -> dict:
     """Accelerate overrides for CPU: fp32, and SDPA for Ulysses SP (it must equal the model's attention)."""
     out = {"mixed_precision": "no"}

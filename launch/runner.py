@@ -3,6 +3,7 @@ judge, summarize. Everything before `outdir.claim` only reads: a refused run lea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -10,10 +11,10 @@ import socket
 import time
 from pathlib import Path
 
-from launch import (bench, checkpoints, command, doctor, envvars, hub, judge, monitor, outdir, rules, sentinel, supervise,
-                    tracking)
+from launch import (bench, checkpoints, command, doctor, envvars, hub, judge, monitor, outdir, profiles, rules, sentinel,
+                    supervise, tracking, upstream_warnings)
 from launch.errors import LaunchError
-from launch.expected import read_expected
+from launch.expected import profile_entry
 from launch.history import read_history, run_totals, step_metrics
 from launch.machine import gpu_info, gpu_memory_gib, host_memory_gib, installed_versions
 from launch.memory_plan import GPU_MEMORY_GIB, default_target, describe, plan_memory
@@ -70,29 +71,6 @@ def check_resume(setup) -> None:
             "recipe that saved it, or start this recipe afresh in a new --output-dir (without --resume).")
 
 
-def check_free_space(path: Path, min_free: int | None = None) -> None:
-    """A full output file system is found now, not after an hour of training (reads only)."""
-    min_free = envvars.min_free_bytes() if min_free is None else min_free
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    free = shutil.disk_usage(existing).free
-    if free < min_free:
-        raise LaunchError(
-            f"Only {free / 2**20:.0f} MiB are free under {path}; checkpoints, logs and the final weights need more "
-            f"(at least {min_free / 2**20:.0f} MiB, LAUNCH_MIN_FREE_MB). Free space or pass another --output-dir."
-        )
-
-
-def check_writable(path: Path) -> None:
-    try:
-        probe = path / ".launch" / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise LaunchError(f"The output folder {path} is not writable ({e.strerror}). Pass --output-dir.") from None
-
-
 def child_env(setup, monitor_dir: Path, sentinel_env: dict | None = None) -> dict:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
@@ -103,6 +81,9 @@ def child_env(setup, monitor_dir: Path, sentinel_env: dict | None = None) -> dic
         env[bench.SYNC_ENV] = "1"
     env.update(sentinel_env or {})
     env.update(tracking.env(setup))
+    env.update(upstream_warnings.env(env))  # DeepSpeed's and Accelerate's deprecated torch collectives, every step
+    if setup.options.cpu:
+        env.update({k: v for k, v in profiles.CPU_ENV.items() if k not in env})  # the user's own setting wins
     if setup.options.smoke:
         # Smoke runs are offline by construction: the model and the data are local files.
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -113,7 +94,7 @@ def loss_sentinel(setup, say=say) -> dict:
     """The ranks' environment for the first-steps loss sentinel (launch.sentinel): the band recorded for this recipe
     and profile in expected_metrics.json (checked when it was read), or {} (off: no band, asked off, a synthetic run,
     or a run set up otherwise than the band was recorded with; each said)."""
-    entry = (read_expected(setup.recipe.expected_metrics_path).get("profiles") or {}).get(setup.profile)
+    entry = profile_entry(setup.recipe, setup.profile)
     band = sentinel.band_of(entry)
     if not band:
         return {}
@@ -148,8 +129,11 @@ def wait_for_rendezvous(host: str, port: int, timeout: float) -> None:
 
 
 def launch(options, dry_run: bool = False) -> int:
+    # multi-node: a flag, else the variables of the scheduler that started us (SLURM, SkyPilot, a TrainJob)
+    rendezvous = envvars.rendezvous(options)
+    options = dataclasses.replace(options, **rendezvous.options())
     setup = resolve(options, progress=say)
-    if os.environ.get("LAUNCH_DOCTOR_AT_START") == "1" and not dry_run:
+    if envvars.doctor_at_start() and not dry_run:
         if doctor.run_doctor(setup, strict=True, out=lambda m: say(f"doctor: {m}")):
             raise LaunchError("The environment check failed (see the PROBLEM lines above); nothing was started.")
     check_resume(setup)
@@ -158,8 +142,7 @@ def launch(options, dry_run: bool = False) -> int:
     min_free = envvars.min_free_bytes()
     try:
         claim = outdir.check(setup.output_dir, resume=bool(options.resume), overwrite=options.overwrite,
-                             machine_rank=options.machine_rank or 0)
-        check_free_space(setup.output_dir, min_free)
+                             machine_rank=options.machine_rank or 0, min_free=min_free)
     except LaunchError as e:
         if not dry_run:
             raise
@@ -168,6 +151,8 @@ def launch(options, dry_run: bool = False) -> int:
 
     cmd = command.build_command(setup)
     say(f"recipe {setup.recipe.name}, profile {setup.profile}")
+    if line := rendezvous.describe():
+        say(line)
     if line := rules.skipped_line(setup, facts, report):
         say(line)
     print(setup.layout.describe(), flush=True)
@@ -199,16 +184,17 @@ def launch(options, dry_run: bool = False) -> int:
         wait_for_rendezvous(options.main_process_ip, options.main_process_port or 29500, options.rendezvous_timeout)
     outdir.claim(claim, command=" ".join(cmd), run=checkpoints.identity(setup))
     try:
-        check_writable(setup.output_dir)
+        setup.folder.check_writable()
         return _run(setup, cmd, facts, sentinel_env)
     finally:
         outdir.release(claim)
 
 
 def _run(setup, cmd, facts, sentinel_env: dict) -> int:
-    log_path = setup.output_dir / "launch.log"
+    folder = setup.folder
+    log_path = folder.log
     log_start = log_path.stat().st_size if log_path.exists() else 0
-    monitor_dir = setup.output_dir / ".launch" / "heartbeat"
+    monitor_dir = folder.monitor
     shutil.rmtree(monitor_dir, ignore_errors=True)
     floor = setup.options.hang_timeout or HANG_FLOOR_S["smoke" if setup.options.smoke else "full"]
     per_machine = setup.layout.processes_per_machine
@@ -218,7 +204,7 @@ def _run(setup, cmd, facts, sentinel_env: dict) -> int:
     rc, stopped_by = supervise.run(cmd, log_path, env=child_env(setup, monitor_dir, sentinel_env), watchdog=watchdog)
     wall = time.time() - started
 
-    state = setup.output_dir / "trainer_state.json"
+    state = folder.trainer_state
     # a trainer_state.json older than this run belongs to an earlier run in the same folder
     history = read_history(setup.output_dir) if state.exists() and state.stat().st_mtime >= started else []
     observed = step_metrics(history)
@@ -237,7 +223,7 @@ def _run(setup, cmd, facts, sentinel_env: dict) -> int:
         status = 130 if stopped_by == "SIGINT" else (rc or 1)
     elif setup.options.record:
         if not observed["loss"]:
-            raise LaunchError(f"The run logged no per-step loss in {setup.output_dir}/trainer_state.json.")
+            raise LaunchError(f"The run logged no per-step loss in {state}.")
         path = judge.record(setup, observed)
         say(f"recorded {len(observed['loss'])} steps as the expected metrics of {setup.profile} in {path}")
     elif (setup.options.machine_rank or 0) > 0:
@@ -262,10 +248,14 @@ def _run(setup, cmd, facts, sentinel_env: dict) -> int:
         "verdict": verdict,
         "tracking": tracking.summary(setup),
     }
-    summary["bench"] = bench_report(setup, facts, monitor_dir / "bench")
+    summary["bench"] = bench_report(setup, facts, folder.bench)
+    # the job's tokens/s after warm-up, all processes together: the figure the bench's console line prints
+    summary["tokens_per_second"] = summary["bench"]["overall"]["tokens_per_s"] if summary["bench"] else None
+    if line := tracking.dashboard_line(setup):
+        say(line)
     summary["loss_sentinel"] = sentinel.read_verdict(monitor_dir) if sentinel_env else None
-    (setup.output_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    say(f"summary: {setup.output_dir / 'run_summary.json'}")
+    folder.summary.write_text(json.dumps(summary, indent=2) + "\n")
+    say(f"summary: {folder.summary}")
     return status
 
 

@@ -3,12 +3,18 @@
 The launcher names the trackio project after the recipe and the run after the output folder, and picks the store:
 smoke runs write into OUTPUT_DIR/trackio (self-contained and offline, so CI exercises it); other runs into trackio's
 default store (HF_HOME/trackio: the cache volume in the container), where every run of every recipe shows in one
-dashboard. `run_summary.json` records where the metrics are and how to open them.
+dashboard. `run_summary.json` records where the metrics are and how to open them, and the launcher prints that
+command once (`dashboard_line`).
+
+Rank side: `quiet_dashboard_hint`, called by `launch.monitor` in the training processes (imports nothing of the
+launcher): trackio's own hint at `trackio.init` names no TRACKIO_DIR, so it would open another store.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from pathlib import Path
 
 STORE_ENV = "TRACKIO_DIR"
@@ -22,7 +28,7 @@ def uses_trackio(training: dict) -> bool:
 
 def store(setup) -> Path:
     if setup.options.smoke:
-        return setup.output_dir / "trackio"
+        return setup.folder.trackio
     if os.environ.get(STORE_ENV):
         return Path(os.environ[STORE_ENV])
     from huggingface_hub.constants import HF_HOME  # trackio's own default (trackio/utils.py)
@@ -44,6 +50,11 @@ def env(setup) -> dict:
     return {STORE_ENV: str(store(setup))} if uses_trackio(setup.training) else {}
 
 
+def dashboard_command(where: Path, project) -> str:
+    """The shell command that opens this run's dashboard: trackio's `show` on the store the run wrote to."""
+    return f"{STORE_ENV}={shlex.quote(str(where))} trackio show --project {shlex.quote(str(project))}"
+
+
 def summary(setup) -> dict | None:
     if not uses_trackio(setup.training):
         return None
@@ -54,5 +65,26 @@ def summary(setup) -> dict | None:
         "store": str(where),
         "project": project,
         "run": setup.training.get("run_name"),
-        "dashboard": f"TRACKIO_DIR={where} trackio show --project {project}",
+        "dashboard": dashboard_command(where, project),
     }
+
+
+def dashboard_line(setup) -> str | None:
+    """What the launcher prints after a run that wrote trackio metrics (None: no trackio, or nothing written)."""
+    info = summary(setup)
+    if info is None or not Path(info["store"]).is_dir():
+        return None
+    return f"trackio dashboard: {info['dashboard']}"
+
+
+# ---- rank side -------------------------------------------------------------------------------------------------
+def quiet_dashboard_hint() -> None:
+    """trackio 0.43 prints, at `trackio.init` (transformers' TrackioCallback, at the start of training, on the main
+    process), `trackio show --project "P"` in terminal colour codes (`trackio.utils.print_dashboard_instructions`)
+    and without the TRACKIO_DIR the launcher gave the run, so the command shown opens another store. Replace that one
+    function with nothing; trackio's other lines (project, store, run) are true and stay. Only where the Trainer has
+    imported trackio already (report_to trackio): nothing is imported for it."""
+    trackio = sys.modules.get("trackio")
+    if trackio is not None and hasattr(trackio, "utils"):
+        trackio.utils.print_dashboard_instructions = lambda project: None
+

@@ -221,6 +221,28 @@ def test_a_cpu_run_is_compared_on_its_resident_set(tmp_path):
     assert "MFU omitted (a CPU run" in bench.format_report(rep)
 
 
+def test_a_cpu_report_counts_per_process_and_omits_mfu_throughout(tmp_path):
+    """On CPU a rank is a process, not a GPU; with no peak there is no MFU: no columns, no conventions line."""
+    _rank_file(tmp_path, 0, [1.0, 1.0], tokens=100, device="cpu")
+    _rank_file(tmp_path, 1, [1.0, 1.0], tokens=100, device="cpu")
+    rep = bench.report(tmp_path, SMALL, 128, _estimate("cpu"))
+    text = bench.format_report(rep)
+    assert "per GPU" not in text and "tokens/s/GPU" not in text and "tokens/s/proc" in text and "MFU causal" not in text
+    assert "(100.0 per process), MFU omitted (a CPU run has no GPU peak to compare with)" in text
+    assert [line for line in text.splitlines() if "MFU" in line] == [
+        line for line in text.splitlines() if "MFU omitted" in line]
+
+
+def test_the_overall_line_prints_the_jobs_tokens_per_second_that_the_summary_holds(tmp_path):
+    _rank_file(tmp_path, 0, [1.0, 1.0], tokens=1000)
+    _rank_file(tmp_path, 1, [1.0, 1.0], tokens=1000)
+    rep = bench.report(tmp_path, SMALL, 128, _estimate())
+    o = rep["overall"]
+    assert o["tokens_per_s"] == pytest.approx(2 * o["tokens_per_s_per_gpu"]) == pytest.approx(2000.0)
+    text = bench.format_report(rep, per_step=False)
+    assert "2000.0 tokens/s (1000.0 per GPU), MFU " in text and "torchtitan" in text
+
+
 def test_an_unknown_gpu_gets_no_mfu_and_says_so(tmp_path):
     _rank_file(tmp_path, 0, [1.0, 1.0, 1.0], tokens=10, device="NVIDIA GeForce RTX 4090")
     o = bench.summarize(tmp_path, SMALL, 128)["overall"]

@@ -1,4 +1,4 @@
-"""Activation-checkpoint offload as transformers does it (`gradient_checkpointing_kwargs: {offload: true}`), which
+"""Activation-checkpoint offload as transformers does it (`activation_checkpointing_kwargs: {offload: true}`), which
 alst-ulysses-8gpu and the ring-cp recipes use with ZeRO-3 / FSDP2, and its CPU enablement (launch/cpu/pinned_offload.py).
 
 What makes it safe with ZeRO-3, where TRL's `activation_offloading` is not (launch/rules.py): the saved-tensor hook

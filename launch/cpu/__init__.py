@@ -6,15 +6,18 @@ lives in its own module, names the upstream behaviour it works around, and has a
 - gloo_alltoall: torch.distributed.nn's all-to-all inside a subgroup on gloo, for 2D SP (tests/test_cpu_gloo_alltoall.py);
 - gloo_exit: a rank aborting at interpreter exit after a successful run (tests/test_cpu_cp_attention.py uses it);
 - activation_offload: TRL's activation offloader built for a machine without an accelerator (tests/test_alst_tiling.py);
-- pinned_offload: transformers' checkpoint offload (`gradient_checkpointing_kwargs: {offload: true}`) without pinned
-  memory (tests/test_offload.py).
+- pinned_offload: transformers' checkpoint offload (`activation_checkpointing_kwargs: {offload: true}`) without pinned
+  memory (tests/test_offload.py);
+- deepspeed_shm: DeepSpeed's inference-only shared-memory all-reduce op not compiled at the start of a DeepSpeed run
+  (minutes of silence on a first run; tests/test_cpu_deepspeed_shm.py).
 """
 
 
 def enable_cpu_path(training_args) -> None:
     """Apply the CPU-only workarounds. Each is inert unless its layout (CP, SP subgroups) is in use."""
-    from launch.cpu import activation_offload, context_parallel, gloo_alltoall, gloo_exit, pinned_offload
+    from launch.cpu import activation_offload, context_parallel, deepspeed_shm, gloo_alltoall, gloo_exit, pinned_offload
 
+    deepspeed_shm.skip_build()
     context_parallel.enable()
     gloo_alltoall.install()
     gloo_exit.let_gloo_workers_finish_at_exit()

@@ -1,4 +1,4 @@
-"""transformers' activation-checkpoint offload (`gradient_checkpointing_kwargs: {offload: true}`) in a CPU run.
+"""transformers' activation-checkpoint offload (`activation_checkpointing_kwargs: {offload: true}`) in a CPU run.
 
 transformers behaviour worked around (5.23, `modeling_utils.py`, `PreTrainedModel._activation_checkpointing_enable`):
 with `offload=True` each checkpointed layer call runs inside `torch.autograd.graph.save_on_cpu(pin_memory=True, ...)`,
