@@ -39,7 +39,8 @@ def looks_local(name: str) -> bool:
 @lru_cache(maxsize=None)
 def hub_reachable() -> str | None:
     """None if the hub endpoint accepts a TCP connection within PROBE_TIMEOUT_S; else why not."""
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    # HF_ENDPOINT as huggingface_hub parsed it: the endpoint its downloads will use (launch.envvars says why here)
+    from huggingface_hub.constants import ENDPOINT as endpoint
     url = urlparse(endpoint)
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
