@@ -18,6 +18,7 @@ from pathlib import Path
 
 from launch.expected import TOLERANCE
 from launch.history import read_history, step_metrics
+from launch.outdir import RunFolder
 from launch.stepdiff import METRICS, Diff, by_step, differences
 
 DEFAULT_OUT = "compare.png"  # in the current folder
@@ -37,19 +38,19 @@ def read_run(folder: Path) -> dict:
         raise CompareError(f"{folder}: no such folder")
     if not folder.is_dir():
         raise CompareError(f"{folder}: not a folder (pass a run's output folder, the one holding trainer_state.json)")
-    state = folder / "trainer_state.json"
+    state = RunFolder(folder).trainer_state
     if not state.is_file():
         hint = _newest_checkpoint_state(folder)
-        raise CompareError(f"{folder}: no trainer_state.json" + (f" (the newest checkpoint has one: pass {hint})"
-                                                                   if hint else ""))
+        raise CompareError(f"{folder}: no {state.name}" + (f" (the newest checkpoint has one: pass {hint})"
+                                                             if hint else ""))
     try:
         history = read_history(folder)
     except OSError as e:
-        raise CompareError(f"{folder}: cannot read trainer_state.json ({e.strerror or e})") from None
+        raise CompareError(f"{folder}: cannot read {state.name} ({e.strerror or e})") from None
     except (ValueError, AttributeError) as e:  # JSON (and Unicode) errors are ValueErrors; a non-object file
-        raise CompareError(f"{folder}: trainer_state.json is not readable JSON ({e})") from None
+        raise CompareError(f"{folder}: {state.name} is not readable JSON ({e})") from None
     if not isinstance(history, list):
-        raise CompareError(f"{folder}: trainer_state.json has no log_history list")
+        raise CompareError(f"{folder}: {state.name} has no log_history list")
     history = [h for h in history if isinstance(h, dict)]
     try:
         observed = step_metrics(history)
@@ -59,19 +60,15 @@ def read_run(folder: Path) -> dict:
             if len(observed[metric]) != len(observed["step"]):
                 observed[metric] = [float(h[metric]) if metric in h else None for h in rows]
     except (TypeError, ValueError) as e:
-        raise CompareError(f"{folder}: trainer_state.json has a malformed log entry ({e})") from None
+        raise CompareError(f"{folder}: {state.name} has a malformed log entry ({e})") from None
     if not observed["loss"]:
-        raise CompareError(f"{folder}: trainer_state.json logged no per-step loss")
+        raise CompareError(f"{folder}: {state.name} logged no per-step loss")
     return observed
 
 
 def _newest_checkpoint_state(folder: Path) -> Path | None:
-    found = []
-    for child in folder.glob("checkpoint-*"):
-        suffix = child.name.removeprefix("checkpoint-")
-        if suffix.isdigit() and (child / "trainer_state.json").is_file():
-            found.append((int(suffix), child))
-    return max(found)[1] if found else None
+    found = [c for c in RunFolder(folder).checkpoints() if RunFolder(c).trainer_state.is_file()]
+    return found[-1] if found else None
 
 
 def run_label(folder: Path) -> str:
@@ -79,7 +76,7 @@ def run_label(folder: Path) -> str:
     folder = Path(folder)
     name = folder.resolve().name or str(folder)
     try:
-        summary = json.loads((folder / "run_summary.json").read_text())
+        summary = json.loads(RunFolder(folder).summary.read_text())
     except (OSError, ValueError):
         return name
     if not isinstance(summary, dict):

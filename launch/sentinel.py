@@ -25,7 +25,7 @@ band, so every rank stops and torchrun ends the job; the launcher reports the er
 (passed or stopped, the losses seen) is also written to `<LAUNCH_MONITOR_DIR>/sentinel.json` by rank 0
 (`read_verdict`). Off when no band is recorded.
 
-Rank side: no import of the launcher's other modules.
+Rank side: no import of the launcher's other modules but `launch.run_files` (names only).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ import math
 import os
 from pathlib import Path
 
+from launch import run_files  # names only
+
 ENV = "LAUNCH_FIRST_LOSS_BAND"
 KEY = "first_loss_band"
-VERDICT_FILE = "sentinel.json"
 REQUIRED = ("steps", "low", "high", "source")
 OPTIONAL = ("recorded_with",)
 
@@ -137,8 +138,8 @@ def sentinel_callback(band: dict | None = None, folder: Path | None = None):
     from transformers import TrainerCallback
 
     band = band if band is not None else json.loads(os.environ[ENV])
-    if folder is None and os.environ.get("LAUNCH_MONITOR_DIR"):
-        folder = Path(os.environ["LAUNCH_MONITOR_DIR"])
+    if folder is None and os.environ.get(run_files.MONITOR_ENV):
+        folder = Path(os.environ[run_files.MONITOR_ENV])
     rank = int(os.environ.get("RANK", "0"))
 
     class LossSentinel(TrainerCallback):
@@ -167,7 +168,7 @@ def sentinel_callback(band: dict | None = None, folder: Path | None = None):
                 return
             try:
                 folder.mkdir(parents=True, exist_ok=True)
-                (folder / VERDICT_FILE).write_text(json.dumps({"verdict": outcome, "band": band,
+                (folder / run_files.SENTINEL_VERDICT).write_text(json.dumps({"verdict": outcome, "band": band,
                                                                "losses": self.seen}))
             except OSError:
                 pass
@@ -179,6 +180,6 @@ def read_verdict(monitor_dir: Path) -> dict | None:
     """The launcher's side: {"verdict": "passed" | "stopped", "band": ..., "losses": [...]}, None if none was
     written (no band, or the run ended before its first checked log)."""
     try:
-        return json.loads((Path(monitor_dir) / VERDICT_FILE).read_text())
+        return json.loads((Path(monitor_dir) / run_files.SENTINEL_VERDICT).read_text())
     except (OSError, ValueError):
         return None
