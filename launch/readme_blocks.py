@@ -1,9 +1,10 @@
-"""The README blocks and train.py copies in the recipe folders that are generated from the code, so that each fact
-is written once:
+"""The README blocks and train.py copies that are generated from the code, so that each fact is written once:
 
-- `train.py` copies of `templates/train.py` (`launch.copies`);
-- README blocks between `<!-- generated: NAME -->` and `<!-- end generated -->`: `rules-cp` / `rules-sp` (the
-  rules a CP / SP configuration must keep, from `launch.rules`), and later blocks registered in GENERATORS.
+- `train.py` copies of `templates/train.py` in the recipe folders (`launch.copies`);
+- blocks between `<!-- generated: NAME -->` and `<!-- end generated -->` in each recipe's README (GENERATORS:
+  `rules-cp` / `rules-sp`, the rules a CP / SP configuration must keep, from `launch.rules`; `fits-on`, the planner's
+  line for the recipe's own hardware) and in the repository's pages, README.md and docs/*.md (PAGE_GENERATORS:
+  `recipe-table` from the recipe folders, `floors` from launch/'s imports, `timings` from docs/timings.json).
 
 `python -m launch sync-scripts` rewrites them; `check()` (run by tests/test_recipe_layout.py in CI) names every copy
 or block that differs from what the code generates.
@@ -11,13 +12,15 @@ or block that differs from what the code generates.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
-from launch import REPO_ROOT, copies, hub
+from launch import REPO_ROOT, copies, floors, hub
+from launch.catalog import recipe_rows
 from launch.memory_plan import default_target, plan_memory
 from launch.options import Options
-from launch.recipes import RECIPES_DIR, find_recipe, recipe_dirs
+from launch.recipes import RECIPES_DIR, find_recipe, recipe_dirs, recipe_names
 from launch.resolve import resolve
 from launch.rules import RULES
 
@@ -92,15 +95,94 @@ def readme_problems(folders=None) -> list[str]:
     return out
 
 
+# The repository's pages: README.md (the front page) and docs/*.md. Their blocks are generated from the whole
+# repository, not from one recipe folder.
+TIMINGS = REPO_ROOT / "docs" / "timings.json"
+RECIPE_LINK = re.compile(r"^\| \[`[^`]+`\]\(recipes/(?P<name>[^/)]+)/README\.md\)", re.M)
+
+
+def pages() -> list[Path]:
+    return [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+
+
+def recipe_table(body: str | None) -> str:
+    """README's recipe table, one row per recipe folder (`launch.catalog`). `body`: the block as it stands, when
+    checking: then only the recipes it lists (and that still exist) are held to their folders, so that a recipe you
+    copy or fork into recipes/ does not make the shipped README stale; `sync-scripts` (body None) adds its row."""
+    names = recipe_names()
+    if body is not None:
+        listed = {m.group("name") for m in RECIPE_LINK.finditer(body)}
+        names = [name for name in names if name in listed]
+    rows = ["| recipe | strategy | GPUs | GPU defaults | smoke run on CPU (CI) | what it is for |",
+            "|---|---|---|---|---|---|"]
+    for r in recipe_rows(names):
+        model = ", ".join(name.rsplit("/", 1)[-1] for name in (r["model"], r["dataset"]) if name)
+        length = f", {r['max_length']:,} tokens" if isinstance(r["max_length"], int) else ""
+        cpu = f"{r['cpu_processes']} processes, judged" if r["cpu_verified"] else "not recorded"
+        rows.append(f"| [`{r['name']}`](recipes/{r['name']}/README.md) | {r['strategy']} | {r['processes']} | "
+                    f"{model}{length} | {cpu} | {r['purpose']} |")
+    return "\n".join(rows) + "\n"
+
+
+def timings(body: str | None) -> str:
+    """The launcher's own timings as `benchmarks/timings.py` last measured them (docs/timings.json)."""
+    rel = TIMINGS.relative_to(REPO_ROOT)
+    if not TIMINGS.is_file():
+        return f"No timings recorded yet: `python benchmarks/timings.py` measures them into `{rel}`.\n"
+    data = json.loads(TIMINGS.read_text())
+    host = data["host"]
+    rows = [f"Measured by `python benchmarks/timings.py` on {data['date'][:10]} ({host['cpus']} CPU cores, "
+            f"{host['machine']}, Python {host['python']}, load average {data['load_average']:.1f} at the start;\n"
+            f"offline; wall time of the whole command, median of {data['runs']} runs after {data['warmup']} "
+            f"warm-up run; `{rel}` holds every run):", "",
+            "| command | median (s) | fastest (s) | slowest (s) |", "|---|---|---|---|"]
+    for c in data["commands"]:
+        rows.append(f"| `{c['command']}` | {c['median_s']:.2f} | {c['min_s']:.2f} | {c['max_s']:.2f} |")
+    return "\n".join(rows) + "\n"
+
+
+# name -> function(the block as it stands when checking, None when syncing) -> the block's text
+PAGE_GENERATORS = {
+    "recipe-table": recipe_table,
+    "floors": lambda body: floors.floor_table(),
+    "timings": timings,
+}
+
+
+def render_page(text: str, checking: bool = False) -> str:
+    def fill(m):
+        gen = PAGE_GENERATORS.get(m.group("name"))
+        return m.group(0) if gen is None else m.group(1) + gen(m.group("body") if checking else None) + m.group(4)
+
+    return BLOCK.sub(fill, text)
+
+
+def page_problems(paths=None) -> list[str]:
+    out = []
+    for page in paths or pages():
+        text = page.read_text()
+        rel = page.relative_to(REPO_ROOT) if page.is_relative_to(REPO_ROOT) else page
+        for m in BLOCK.finditer(text):
+            if m.group("name") not in PAGE_GENERATORS:
+                out.append(f"{rel}: unknown generated block `{m.group('name')}`")
+            elif render_page(m.group(0), checking=True) != m.group(0):
+                out.append(f"{rel}: generated block `{m.group('name')}` differs from what the code generates; run "
+                           "`python -m launch sync-scripts` to regenerate it")
+    return out
+
+
 def check(recipes_dir: Path = RECIPES_DIR) -> list[str]:
-    return copies.check_copies(recipes_dir) + readme_problems([p.parent for p in recipes_dir.glob("*/README.md")])
+    problems = copies.check_copies(recipes_dir) + readme_problems([p.parent for p in recipes_dir.glob("*/README.md")])
+    # the repository's pages describe the repository's own recipes folder, not a copy of one elsewhere
+    return problems + (page_problems() if recipes_dir == RECIPES_DIR else [])
 
 
 def sync(recipes_dir: Path = RECIPES_DIR, out=print) -> int:
     copies.sync_copies(recipes_dir, out=out)
-    for readme in sorted(recipes_dir.glob("*/README.md")):
+    readmes = sorted(recipes_dir.glob("*/README.md"))
+    for readme in readmes + (pages() if recipes_dir == RECIPES_DIR else []):
         text = readme.read_text()
-        new = render(text, readme.parent)
+        new = render(text, readme.parent) if readme in readmes else render_page(text)
         if new != text:
             readme.write_text(new)
             out(f"updated {readme}")
