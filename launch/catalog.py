@@ -5,7 +5,7 @@ table (a generated block, `launch.readme_blocks`)."""
 from __future__ import annotations
 
 from launch.copies import is_marked
-from launch.expected import profile_entry
+from launch.results.expected import profile_entry
 from launch.layout import Layout
 from launch.recipes import find_recipe, recipe_names
 

@@ -17,6 +17,7 @@ import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
 
 from launch.errors import LaunchError
+from launch.rank.measure import DEFAULT_WARMUP
 
 MESH_OPTIONS = ("dp_replicate", "dp_shard", "cp", "sp")  # the mesh dimensions a run may override (`--X-size`)
 # the help group of the multi-node options; launch.envvars.rendezvous fills in what is not given
@@ -89,12 +90,12 @@ class Options:
     force: bool = option("start even when the planner predicts the run does not fit this machine's GPU or host "
                          "memory", default=False)
     bench: bool = option("measure step time, tokens/s per GPU, MFU and peak memory (after warm-up) into "
-                         "run_summary.json", default=False)  # launch.bench
+                         "run_summary.json", default=False)  # launch.throughput
     bench_steps: int | None = option("with --bench: stop after warm-up + N steps", metavar="N")
-    bench_warmup: int = option("with --bench: steps not measured (%(default)s)", default=2, metavar="N")
+    bench_warmup: int = option("with --bench: steps not measured (%(default)s)", default=DEFAULT_WARMUP, metavar="N")
     synthetic: bool = option("the model's architecture from its config.json with random weights, random token rows "
                              "of max_length: no weights, tokenizer or dataset needed (throughput and memory)",
-                             default=False)  # launch.synthetic
+                             default=False)  # launch.rank.synthetic
     model: str | None = option("model_name_or_path for this run (with --synthetic: a folder holding only "
                                "config.json is enough)", metavar="DIR_OR_ID")
     loss_sentinel: bool = option("do not stop the run when its first logged losses leave the recipe's recorded band",

@@ -10,7 +10,7 @@
   a second launcher is refused with the holder's process id, start time and command; a lock whose holder is dead
   is taken over with a message, and what the dead run left (entries newer than its start) is adopted as its output.
 - Nothing is created until every check has passed: `check()` only reads, `claim()` creates.
-- `RunFolder` is where every path inside the folder comes from (the bare names are in `launch.run_files`, which
+- `RunFolder` is where every path inside the folder comes from (the bare names are in `launch.rank.run_files`, which
   the ranks read too), and it holds the checks of the folder itself: free space (part of `check()`) and, once
   claimed, writability.
 """
@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launch import run_files
+from launch.rank import run_files
 from launch.errors import LaunchError
 
 # An earlier run's results, which a new run keeps unless told --resume or --overwrite.

@@ -13,7 +13,7 @@ from pathlib import Path
 from launch import REPO_ROOT, accelerate_config, checkpoints, outdir, profiles, tracking
 from launch.constants import MESH_KEYS
 from launch.errors import LaunchError
-from launch.expected import profile_entry
+from launch.results.expected import profile_entry
 from launch.layout import Layout
 from launch.options import Options
 from launch.recipes import Recipe, find_recipe

@@ -11,12 +11,15 @@ import socket
 import time
 from pathlib import Path
 
-from launch import (bench, checkpoints, command, doctor, envvars, hub, judge, monitor, outdir, profiles, rules, sentinel,
-                    supervise, tracking, upstream_warnings)
+from launch import (checkpoints, command, doctor, envvars, hub, outdir, profiles, rules, sentinel, supervise, throughput,
+                    tracking, upstream_warnings)
+from launch.rank import monitor
+from launch.rank.measure import SYNC_ENV as MEASURE_SYNC_ENV
 from launch.errors import LaunchError
-from launch.expected import profile_entry
-from launch.history import read_history, run_totals, step_metrics
-from launch.machine import gpu_info, gpu_memory_gib, host_memory_gib, installed_versions
+from launch.results import judge
+from launch.results.expected import profile_entry
+from launch.results.history import read_history, run_totals, step_metrics
+from launch.machine import gpu_info, gpu_memory_gib, host_memory_gib, installed_versions, provenance
 from launch.memory_plan import GPU_MEMORY_GIB, default_target, describe, plan_memory
 from launch.resolve import resolve
 
@@ -78,7 +81,7 @@ def child_env(setup, monitor_dir: Path, sentinel_env: dict | None = None) -> dic
     # every run measures itself (cheap: no per-step GPU sync); --bench syncs at every step for exact step times
     env[monitor.BENCH_ENV] = str(setup.options.bench_warmup)
     if setup.options.bench:
-        env[bench.SYNC_ENV] = "1"
+        env[MEASURE_SYNC_ENV] = "1"
     env.update(sentinel_env or {})
     env.update(tracking.env(setup))
     env.update(upstream_warnings.env(env))  # DeepSpeed's and Accelerate's deprecated torch collectives, every step
@@ -238,6 +241,7 @@ def _run(setup, cmd, facts, sentinel_env: dict) -> int:
         "invocation": setup.invocation,
         "layout": setup.layout.as_dict(),
         "versions": installed_versions(),
+        "provenance": provenance(),  # git revision; the image (id facts and reference) when run in one
         "world_size": setup.layout.world_size,
         "effective_batch": setup.layout.effective_batch,
         "wall_time_s": round(wall, 2),
@@ -264,10 +268,10 @@ def bench_report(setup, facts, folder: Path) -> dict | None:
     memory), each memory figure beside the planner's prediction for the same run. The per-step table is printed
     with --bench."""
     plan = facts.memory
-    report = bench.report(folder, plan.arch if plan else None, setup.layout.max_length,
+    report = throughput.report(folder, plan.arch if plan else None, setup.layout.max_length,
                           plan.estimate if plan else None)
     if report is None:
         say("bench: no rank wrote measurements")
         return None
-    print(bench.format_report(report, per_step=setup.options.bench), flush=True)
+    print(throughput.format_report(report, per_step=setup.options.bench), flush=True)
     return report

@@ -17,44 +17,32 @@ Where the band lives: a recipe's expected_metrics.json, in the entry of the prof
 `band_problems(entry)` validates an entry's band for the launcher (NaN and infinities refused); `env_for(entry)` is
 what the launcher adds to the ranks' environment (ENV, the band as JSON); `mismatch(band, training)` lists the
 `recorded_with` values the run differs in (the launcher then leaves the sentinel off and says why; a synthetic run
-always leaves it off: random weights start at ln(vocab)). In the ranks, `launch.monitor.add_callbacks` adds
-`sentinel_callback()` when ENV is set: it has each of the first `steps` optimizer steps logged (whatever
+always leaves it off: random weights start at ln(vocab)). In the ranks, `launch.rank.monitor.add_callbacks` adds
+`launch.rank.sentinel.sentinel_callback()` when ENV is set: it has each of the first `steps` optimizer steps logged (whatever
 `logging_steps` is, so a checked loss is one step's loss), and at each of those logs, every rank
 (the logged loss is the mean over all ranks, the same on each) checks it and raises `FirstLossError` outside the
 band, so every rank stops and torchrun ends the job; the launcher reports the error's one-line message. The verdict
 (passed or stopped, the losses seen) is also written to `<LAUNCH_MONITOR_DIR>/sentinel.json` by rank 0
 (`read_verdict`). Off when no band is recorded.
 
-Rank side: no import of the launcher's other modules but `launch.run_files` (names only).
+This module is the launcher's half (the band, its checks, the ranks' environment, the verdict); the ranks' half is
+`launch.rank.sentinel`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
-from launch import run_files  # names only
+from launch.rank import run_files  # names only
+from launch.rank.sentinel import ENV
 
-ENV = "LAUNCH_FIRST_LOSS_BAND"
 KEY = "first_loss_band"
 REQUIRED = ("steps", "low", "high", "source")
 OPTIONAL = ("recorded_with",)
 
-TRAPS = (
-    "RoPE scaling not applied (model_init_kwargs.rope_parameters: positions beyond the ones the model was trained "
-    "on; TRL PR #6846: first loss 10.6 instead of 4.4 at 1M tokens without YaRN)",
-    "packing across documents under context parallelism (CP drops the attention mask, so packed documents attend "
-    "to each other)",
-    "wrong dtype or precision (dtype, bf16/fp16 flags, a checkpoint loaded in another dtype than it was trained in)",
-    "wrong chat template or labels (chat_template_path, assistant_only_loss / completion_only_loss, a dataset "
-    "format other than the one recorded)",
-)
 
-
-class FirstLossError(RuntimeError):
-    """Raised in every rank when a first logged loss is outside the recorded band."""
 
 
 def _number(value) -> bool:
@@ -116,64 +104,6 @@ def env_for(entry: dict | None, recipe: str | None = None, profile: str | None =
     if profile:
         value["profile"] = profile
     return {ENV: json.dumps(value)}
-
-
-def message(loss: float, step: int, index: int, band: dict) -> str:
-    where = " ".join(x for x in (band.get("recipe"), band.get("profile")) if x)
-    first = (f"first-steps loss sentinel: logged loss {loss:.4g} at step {step} (log {index} of the first "
-             f"{band['steps']} checked) is outside the band [{band['low']:g}, {band['high']:g}] recorded"
-             + (f" for {where}" if where else "") + f" ({band['source']}); the run was stopped. Likely traps: "
-             + "; ".join(f"({i + 1}) {t}" for i, t in enumerate(TRAPS)) + ".")
-    # one line (the launcher quotes an exception's first line), then how to go on
-    return (first + "\nIf the setup is right and the band is not (another model, data or length than recorded), "
-            "re-record the band in the recipe's expected_metrics.json or run without it.")
-
-
-def check(loss, band: dict) -> bool:
-    return isinstance(loss, (int, float)) and math.isfinite(loss) and band["low"] <= loss <= band["high"]
-
-
-def sentinel_callback(band: dict | None = None, folder: Path | None = None):
-    """The ranks' side: a TrainerCallback that checks the first `steps` logged training losses."""
-    from transformers import TrainerCallback
-
-    band = band if band is not None else json.loads(os.environ[ENV])
-    if folder is None and os.environ.get(run_files.MONITOR_ENV):
-        folder = Path(os.environ[run_files.MONITOR_ENV])
-    rank = int(os.environ.get("RANK", "0"))
-
-    class LossSentinel(TrainerCallback):
-        def __init__(self):
-            self.seen: list[dict] = []
-
-        def on_step_end(self, args, state, control, **kwargs):
-            # log each of the first `steps` steps whatever logging_steps is, so the band is about single steps
-            if len(self.seen) < band["steps"]:
-                control.should_log = True
-            return control
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if not logs or "loss" not in logs or len(self.seen) >= band["steps"]:
-                return
-            loss = float(logs["loss"])
-            self.seen.append({"step": state.global_step, "loss": loss})
-            if not check(loss, band):
-                self._verdict("stopped")
-                raise FirstLossError(message(loss, state.global_step, len(self.seen), band))
-            if len(self.seen) == band["steps"]:
-                self._verdict("passed")
-
-        def _verdict(self, outcome: str):
-            if rank != 0 or folder is None:
-                return
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-                (folder / run_files.SENTINEL_VERDICT).write_text(json.dumps({"verdict": outcome, "band": band,
-                                                               "losses": self.seen}))
-            except OSError:
-                pass
-
-    return LossSentinel()
 
 
 def read_verdict(monitor_dir: Path) -> dict | None:

@@ -6,7 +6,7 @@ prints is also written to OUTPUT_DIR/launch.log, so nothing is lost when a run f
 
 A rank that dies ends the job through torchrun. A rank that stops making progress without dying (a deadlock, a
 stuck collective, a hung data loader) would keep the others waiting in their next collective until its timeout
-(30 minutes by default): the `Watchdog` reads the ranks' heartbeats (`launch.monitor`) and stops the job when no
+(30 minutes by default): the `Watchdog` reads the ranks' heartbeats (`launch.rank.monitor`) and stops the job when no
 rank has made progress for the hang timeout, naming the rank(s) that fell behind.
 """
 
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from launch.monitor import PHASES, read_heartbeats
+from launch.rank.monitor import PHASES, read_heartbeats
 
 GRACE_SECONDS = 30
 POLL_SECONDS = 0.5

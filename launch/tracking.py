@@ -6,7 +6,7 @@ default store (HF_HOME/trackio: the cache volume in the container), where every 
 dashboard. `run_summary.json` records where the metrics are and how to open them, and the launcher prints that
 command once (`dashboard_line`).
 
-Rank side: `quiet_dashboard_hint`, called by `launch.monitor` in the training processes (imports nothing of the
+Rank side: `quiet_dashboard_hint`, called by `launch.rank.monitor` in the training processes (imports nothing of the
 launcher): trackio's own hint at `trackio.init` names no TRACKIO_DIR, so it would open another store.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 from pathlib import Path
 
 STORE_ENV = "TRACKIO_DIR"
@@ -75,16 +74,3 @@ def dashboard_line(setup) -> str | None:
     if info is None or not Path(info["store"]).is_dir():
         return None
     return f"trackio dashboard: {info['dashboard']}"
-
-
-# ---- rank side -------------------------------------------------------------------------------------------------
-def quiet_dashboard_hint() -> None:
-    """trackio 0.43 prints, at `trackio.init` (transformers' TrackioCallback, at the start of training, on the main
-    process), `trackio show --project "P"` in terminal colour codes (`trackio.utils.print_dashboard_instructions`)
-    and without the TRACKIO_DIR the launcher gave the run, so the command shown opens another store. Replace that one
-    function with nothing; trackio's other lines (project, store, run) are true and stay. Only where the Trainer has
-    imported trackio already (report_to trackio): nothing is imported for it."""
-    trackio = sys.modules.get("trackio")
-    if trackio is not None and hasattr(trackio, "utils"):
-        trackio.utils.print_dashboard_instructions = lambda project: None
-

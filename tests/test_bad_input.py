@@ -463,7 +463,8 @@ def test_expected_metrics_broken_during_the_run_still_give_a_summary(damage, tmp
     """Issue 19: a reference that becomes unreadable (or NaN) while the run trains: the summary is written, and the
     judge says it could not judge with its own exit status (4), not the "refused before start" status 2. The
     training itself is replaced by a fake that writes what a finished run writes."""
-    from launch import judge, supervise
+    from launch import supervise
+    from launch.results import judge
 
     folder = copy_recipe(tmp_path, base="ddp")
     expected = folder / "expected_metrics.json"

@@ -1,4 +1,4 @@
-"""Throughput, MFU and memory (launch/bench.py): both MFU conventions on hand-computed cases, the GPU peak table, the
+"""Throughput, MFU and memory (launch/throughput.py): both MFU conventions on hand-computed cases, the GPU peak table, the
 ranks' callback driven on CPU (tokens, synchronised marks, its cost), how the ranks' files combine, the planner's
 prediction beside each memory figure, the longest-length search, and `bench --max-length auto` refusing a machine
 without GPUs. A CPU smoke run's --bench figures in run_summary.json are checked in tests/test_smoke_recipes.py."""
@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from launch import bench, memory
+from launch import memory, throughput
+from launch.rank import measure
 from launch.__main__ import main
 
 CONFIGS = Path(__file__).resolve().parents[1] / "docs" / "model_configs"
@@ -24,12 +25,12 @@ def arch_of(name: str) -> memory.Architecture:
 
 def test_mfu_on_a_hand_computed_case():
     # 6 N + 12 L H d S with N = 1000, L = 2, H = 4, d = 8, S = 16: 6,000 + 12 x 2 x 4 x 8 x 16 = 6,000 + 12,288
-    assert bench.flops_per_token(1000, 2, 4, 8, 16) == 18_288
+    assert throughput.flops_per_token(1000, 2, 4, 8, 16) == 18_288
     # causal-discounted: the attention term halved, 6,000 + 6,144
-    assert bench.flops_per_token(1000, 2, 4, 8, 16, causal=True) == 12_144
+    assert throughput.flops_per_token(1000, 2, 4, 8, 16, causal=True) == 12_144
     # 1e6 tokens/s per GPU x 18,288 FLOPs per token against a 1e12 FLOP/s peak
-    assert bench.mfu(1e6, 18_288, 1e12) == pytest.approx(0.018288)
-    assert bench.mfu(1e6, 18_288, None) is None
+    assert throughput.mfu(1e6, 18_288, 1e12) == pytest.approx(0.018288)
+    assert throughput.mfu(1e6, 18_288, None) is None
 
 
 def test_mfu_of_llama_8b_matches_torchtitans_convention():
@@ -37,9 +38,9 @@ def test_mfu_of_llama_8b_matches_torchtitans_convention():
     6 x 7.50e9 + 12 x 32 x 32 x 128 x 8192 = 4.50e10 + 1.29e10 FLOPs per token."""
     arch = arch_of("meta-llama--Llama-3.1-8B-Instruct")
     n = arch.num_params - arch.vocab_size * arch.hidden_size
-    assert bench.flops_params(arch) == arch.matmul_params == n
+    assert throughput.flops_params(arch) == arch.matmul_params == n
     assert 7.4e9 < n < 7.6e9
-    assert bench.flops_per_token(n, 32, 32, 128, 8192) == 6 * n + 12 * 32 * 32 * 128 * 8192
+    assert throughput.flops_per_token(n, 32, 32, 128, 8192) == 6 * n + 12 * 32 * 32 * 128 * 8192
 
 
 def test_a_tied_lm_head_is_still_a_matmul():
@@ -48,18 +49,18 @@ def test_a_tied_lm_head_is_still_a_matmul():
     arch = arch_of("Qwen--Qwen3-0.6B")
     assert arch.tie_word_embeddings
     head = arch.vocab_size * arch.hidden_size
-    assert bench.flops_params(arch) == arch.num_params - arch.embedding_params + head
-    assert 0.2 < head / bench.flops_params(arch) < 0.3
+    assert throughput.flops_params(arch) == arch.num_params - arch.embedding_params + head
+    assert 0.2 < head / throughput.flops_params(arch) < 0.3
 
 
 def test_the_two_conventions_differ_as_published():
     """REFERENCE: at 8K for an 8B model non-causal and causal-discounted differ by about 14%; at 1M by about 2x."""
     arch = arch_of("Qwen--Qwen3-8B")
-    n = bench.flops_params(arch)
+    n = throughput.flops_params(arch)
 
     def ratio(s):
         args = (n, arch.num_layers, arch.num_attention_heads, arch.head_dim, s)
-        return bench.flops_per_token(*args) / bench.flops_per_token(*args, causal=True)
+        return throughput.flops_per_token(*args) / throughput.flops_per_token(*args, causal=True)
 
     assert 1.12 < ratio(8192) < 1.16
     assert 1.85 < ratio(1_048_576) < 2.0
@@ -72,7 +73,7 @@ def test_the_two_conventions_differ_as_published():
     ("NVIDIA GeForce RTX 4090", None), ("cpu", None),
 ])
 def test_gpu_peak_table(name, peak):
-    assert bench.gpu_peak_flops(name) == peak
+    assert throughput.gpu_peak_flops(name) == peak
 
 
 # ---- the ranks' callback, driven on CPU -----------------------------------------------------------------------------
@@ -100,7 +101,7 @@ class _Trainerless:
 
 
 def test_the_callback_counts_tokens_marks_and_writes_after_warmup(tmp_path):
-    run = _Trainerless(bench.bench_callback(tmp_path, warmup=2), max_steps=14)
+    run = _Trainerless(measure.measure_callback(tmp_path, warmup=2), max_steps=14)
     for _ in range(14):
         run.step()
     run.end()
@@ -112,7 +113,7 @@ def test_the_callback_counts_tokens_marks_and_writes_after_warmup(tmp_path):
     assert [m["steps"] for m in info["marks"]] == [0, 10, 12]
     assert info["marks"][-1]["tokens"] == 12 * 30
     assert info["memory"]["peak_rss_gib"] > 0
-    summary = bench.summarize(tmp_path)
+    summary = throughput.summarize(tmp_path)
     assert summary["overall"]["timing"] == "synchronised marks"
     assert summary["overall"]["tokens_per_s_per_gpu"] == pytest.approx(360 / info["marks"][-1]["time_s"])
 
@@ -124,7 +125,7 @@ def test_the_callback_costs_little_per_step(tmp_path):
     steps = 400
     plain = _Trainerless(SimpleNamespace(on_train_begin=lambda *a, **k: None, on_step_begin=lambda *a: None,
                                          on_step_end=lambda *a: None, on_train_end=lambda *a: None), steps)
-    measured = _Trainerless(bench.bench_callback(tmp_path, warmup=0), steps)
+    measured = _Trainerless(measure.measure_callback(tmp_path, warmup=0), steps)
     t0 = time.perf_counter()
     for _ in range(steps):
         plain.step()
@@ -155,14 +156,14 @@ SMALL = memory.Architecture(hidden_size=64, num_layers=2, num_attention_heads=4,
 def test_summary_takes_the_slowest_rank_and_computes_both_mfus(tmp_path):
     _rank_file(tmp_path, 0, [1.0, 1.0], tokens=1000)
     _rank_file(tmp_path, 1, [2.0, 1.0], tokens=1000, allocated=39.0, reserved=42.0)
-    summary = bench.summarize(tmp_path, SMALL, seq_len=128)
+    summary = throughput.summarize(tmp_path, SMALL, seq_len=128)
     o = summary["overall"]
     assert o["measured_steps"] == 2 and o["warmup_steps"] == 2 and o["timing"] == "sum of per-step times"
     assert [s["time_s"] for s in summary["per_step"]] == [2.0, 1.0]  # the step ends with its slowest rank
     assert o["tokens_per_s_per_gpu"] == pytest.approx(2000 / 3.0)  # 2 steps x 1000 tokens per GPU in 3 s
-    n = bench.flops_params(SMALL)
-    assert o["mfu"] == pytest.approx(2000 / 3.0 * bench.flops_per_token(n, 2, 4, 16, 128) / 989e12)
-    assert o["mfu_causal"] == pytest.approx(2000 / 3.0 * bench.flops_per_token(n, 2, 4, 16, 128, True) / 989e12)
+    n = throughput.flops_params(SMALL)
+    assert o["mfu"] == pytest.approx(2000 / 3.0 * throughput.flops_per_token(n, 2, 4, 16, 128) / 989e12)
+    assert o["mfu_causal"] == pytest.approx(2000 / 3.0 * throughput.flops_per_token(n, 2, 4, 16, 128, True) / 989e12)
     assert o["mfu"] > o["mfu_causal"]
     assert "torchtitan" in o["mfu_convention"] and "non-causal" in o["mfu_convention"] and "989" in o["mfu_convention"]
     assert "attention halved" in o["mfu_causal_convention"]
@@ -178,7 +179,7 @@ def test_overall_comes_from_the_synchronised_marks_of_the_slowest_rank(tmp_path)
                                                                 {"steps": 3, "time_s": 6.0, "tokens": 300}])
     _rank_file(tmp_path, 1, [0.5, 0.5, 0.5], tokens=100, marks=[{"steps": 0, "time_s": 0, "tokens": 0},
                                                                 {"steps": 3, "time_s": 5.0, "tokens": 300}])
-    o = bench.summarize(tmp_path, SMALL, 128)["overall"]
+    o = throughput.summarize(tmp_path, SMALL, 128)["overall"]
     assert o["timing"] == "synchronised marks"
     assert o["tokens_per_s_per_gpu"] == pytest.approx(300 / 6.0)
     assert o["step_time_s_mean"] == pytest.approx(2.0)
@@ -194,7 +195,7 @@ def _estimate(device="gpu"):
 def test_report_puts_the_planners_prediction_beside_each_measured_figure(tmp_path):
     _rank_file(tmp_path, 0, [1.0, 1.0], tokens=1000)
     _rank_file(tmp_path, 1, [1.0, 1.0], tokens=1000, allocated=39.0, reserved=42.0)
-    rep = bench.report(tmp_path, SMALL, 128, _estimate())
+    rep = throughput.report(tmp_path, SMALL, 128, _estimate())
     rows = {r["what"]: r for r in rep["memory_vs_plan"]}
     allocated = rows["peak allocated (torch)"]
     assert allocated["per_rank_gib"] == [38.0, 39.0] and allocated["predicted_gib"] == 40.0
@@ -205,28 +206,28 @@ def test_report_puts_the_planners_prediction_beside_each_measured_figure(tmp_pat
     assert rows["device memory in use (driver)"]["measured_gib"] == 43.0
     assert rows["host memory in use (node)"]["predicted_gib"] is None
     assert rows["peak reserved (torch)"]["ratio"] == pytest.approx(42.0 / 40.8)
-    text = bench.format_report(rep)
+    text = throughput.format_report(rep)
     assert "rank 0" in text and "rank 1" in text and "planner" in text and "0.97" in text
     assert "MFU" in text and "causal-discounted" in text and "tokens/s/GPU" in text
-    assert "tokens/s/GPU" not in bench.format_report(rep, per_step=False)  # no per-step table for a long run
+    assert "tokens/s/GPU" not in throughput.format_report(rep, per_step=False)  # no per-step table for a long run
 
 
 def test_a_cpu_run_is_compared_on_its_resident_set(tmp_path):
     _rank_file(tmp_path, 0, [1.0], tokens=10, device="cpu")
-    rep = bench.report(tmp_path, SMALL, 128, _estimate("cpu"))
+    rep = throughput.report(tmp_path, SMALL, 128, _estimate("cpu"))
     assert rep["overall"]["mfu"] is None and "CPU" in rep["overall"]["mfu_note"]
     rows = {r["what"]: r for r in rep["memory_vs_plan"]}
     assert rows["peak RSS per process"]["ratio"] == pytest.approx(3.0 / 41.8)
     assert rows["peak RSS per process"]["predicted_gib"] == 41.8
-    assert "MFU omitted (a CPU run" in bench.format_report(rep)
+    assert "MFU omitted (a CPU run" in throughput.format_report(rep)
 
 
 def test_a_cpu_report_counts_per_process_and_omits_mfu_throughout(tmp_path):
     """On CPU a rank is a process, not a GPU; with no peak there is no MFU: no columns, no conventions line."""
     _rank_file(tmp_path, 0, [1.0, 1.0], tokens=100, device="cpu")
     _rank_file(tmp_path, 1, [1.0, 1.0], tokens=100, device="cpu")
-    rep = bench.report(tmp_path, SMALL, 128, _estimate("cpu"))
-    text = bench.format_report(rep)
+    rep = throughput.report(tmp_path, SMALL, 128, _estimate("cpu"))
+    text = throughput.format_report(rep)
     assert "per GPU" not in text and "tokens/s/GPU" not in text and "tokens/s/proc" in text and "MFU causal" not in text
     assert "(100.0 per process), MFU omitted (a CPU run has no GPU peak to compare with)" in text
     assert [line for line in text.splitlines() if "MFU" in line] == [
@@ -236,30 +237,30 @@ def test_a_cpu_report_counts_per_process_and_omits_mfu_throughout(tmp_path):
 def test_the_overall_line_prints_the_jobs_tokens_per_second_that_the_summary_holds(tmp_path):
     _rank_file(tmp_path, 0, [1.0, 1.0], tokens=1000)
     _rank_file(tmp_path, 1, [1.0, 1.0], tokens=1000)
-    rep = bench.report(tmp_path, SMALL, 128, _estimate())
+    rep = throughput.report(tmp_path, SMALL, 128, _estimate())
     o = rep["overall"]
     assert o["tokens_per_s"] == pytest.approx(2 * o["tokens_per_s_per_gpu"]) == pytest.approx(2000.0)
-    text = bench.format_report(rep, per_step=False)
+    text = throughput.format_report(rep, per_step=False)
     assert "2000.0 tokens/s (1000.0 per GPU), MFU " in text and "torchtitan" in text
 
 
 def test_an_unknown_gpu_gets_no_mfu_and_says_so(tmp_path):
     _rank_file(tmp_path, 0, [1.0, 1.0, 1.0], tokens=10, device="NVIDIA GeForce RTX 4090")
-    o = bench.summarize(tmp_path, SMALL, 128)["overall"]
+    o = throughput.summarize(tmp_path, SMALL, 128)["overall"]
     assert o["mfu"] is None and o["mfu_causal"] is None and "not in the table of known GPU peaks" in o["mfu_note"]
-    assert "not in the table" in bench.format_report(bench.summarize(tmp_path, SMALL, 128))
+    assert "not in the table" in throughput.format_report(throughput.summarize(tmp_path, SMALL, 128))
 
 
 @pytest.mark.parametrize("start,threshold", [(640, 1000), (4096, 1000), (16, 100_000), (320, 10)])
 def test_search_finds_the_longest_multiple_that_trains(start, threshold):
     trains = lambda n: (n <= threshold, "trains" if n <= threshold else "out of memory")  # noqa: E731
-    longest, tries = bench.search_longest(start, 16, trains, max_tries=40)
+    longest, tries = throughput.search_longest(start, 16, trains, max_tries=40)
     assert longest == (threshold // 16 * 16 if threshold >= 16 else 0)
     assert all(n % 16 == 0 for n, _, _ in tries)
 
 
 def test_search_stops_after_max_tries():
-    longest, tries = bench.search_longest(1024, 16, lambda n: (n <= 5000, ""), max_tries=4)
+    longest, tries = throughput.search_longest(1024, 16, lambda n: (n <= 5000, ""), max_tries=4)
     assert len(tries) <= 4 and longest <= 5000
 
 

@@ -11,9 +11,9 @@ import pytest
 
 import matplotlib.image as mpimg  # in the lock: a missing matplotlib fails here, not skipped
 
-from launch import plots
+from launch.results import plots
 from launch.commands import compare as compare_command
-from launch.expected import TOLERANCE  # noqa: E402
+from launch.results.expected import TOLERANCE  # noqa: E402
 
 STEPS = list(range(1, 13))
 LOSS = [4.2118, 3.786, 3.5774, 3.3892, 3.1629, 2.9702, 2.7807, 2.6174, 2.4732, 2.319, 2.1831, 2.0756]

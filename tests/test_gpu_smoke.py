@@ -13,7 +13,7 @@ import json
 import pytest
 
 from helpers.launcher import REPO, explain, launch_cli
-from launch.expected import read_expected
+from launch.results.expected import read_expected
 from launch.machine import gpu_info
 from launch.recipes import find_recipe, recipe_names
 from launch.options import Options

@@ -14,7 +14,7 @@ from accelerate.commands.config.config_args import ClusterConfig
 
 from helpers.launcher import explain, launch_in_process, shows
 from helpers.rule_checks import facts, make_recipe
-from launch.expected import read_expected
+from launch.results.expected import read_expected
 from launch import copies, readme_blocks, rules, sections, train_template
 from launch.commands.listing import recipe_rows
 from launch.options import Options
@@ -247,9 +247,9 @@ def test_expected_metrics_are_as_the_record_command_writes_them(name):
     carries the environment and invocation it was recorded with, and bounds derived from its own losses (a
     hand-edited loss list would no longer match its bounds). A GPU profile may hold only a first-loss band, which
     says where it comes from (launch.sentinel)."""
-    from launch.expected import TOLERANCE, bounds_for
+    from launch.results.expected import TOLERANCE, bounds_for
     from launch.sentinel import band_problems
-    from launch.stepdiff import METRICS
+    from launch.results.stepdiff import METRICS
 
     data = read_expected(find_recipe(name).expected_metrics_path)
     assert data.get("tolerance") == TOLERANCE

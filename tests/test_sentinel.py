@@ -18,6 +18,7 @@ import pytest
 
 from helpers.launcher import launch_in_process
 from launch import sentinel
+from launch.rank import sentinel as rank_sentinel
 from launch.recipes import RECIPES_DIR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,9 +79,9 @@ def _log(cb, step, logs):
 
 
 def test_the_callback_stops_on_the_first_logged_loss_outside_the_band(tmp_path):
-    cb = sentinel.sentinel_callback({**GOOD, "recipe": "ring-cp-8gpu", "profile": "full-gpu"}, folder=tmp_path)
+    cb = rank_sentinel.sentinel_callback({**GOOD, "recipe": "ring-cp-8gpu", "profile": "full-gpu"}, folder=tmp_path)
     _log(cb, 0, {"eval_loss": 99.0})  # not a training loss: ignored
-    with pytest.raises(sentinel.FirstLossError) as err:
+    with pytest.raises(rank_sentinel.FirstLossError) as err:
         _log(cb, 1, {"loss": 10.6, "grad_norm": 3.0})
     first_line = str(err.value).splitlines()[0]
     assert "10.6 at step 1" in first_line and "[3, 6]" in first_line and "ring-cp-8gpu full-gpu" in first_line
@@ -93,13 +94,13 @@ def test_the_callback_stops_on_the_first_logged_loss_outside_the_band(tmp_path):
 
 @pytest.mark.parametrize("loss", [float("nan"), float("inf"), 2.99])
 def test_nan_infinite_and_low_losses_stop_too(loss):
-    cb = sentinel.sentinel_callback(GOOD)
-    with pytest.raises(sentinel.FirstLossError):
+    cb = rank_sentinel.sentinel_callback(GOOD)
+    with pytest.raises(rank_sentinel.FirstLossError):
         _log(cb, 1, {"loss": loss})
 
 
 def test_only_the_first_steps_logs_are_checked(tmp_path):
-    cb = sentinel.sentinel_callback({**GOOD, "steps": 2}, folder=tmp_path)
+    cb = rank_sentinel.sentinel_callback({**GOOD, "steps": 2}, folder=tmp_path)
     _log(cb, 10, {"loss": 4.4})
     _log(cb, 20, {"loss": 5.9})
     _log(cb, 30, {"loss": 42.0})  # past the checked logs: training may go anywhere later

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from helpers.launcher import assert_parity, explain, launch_in_process
-from launch.expected import read_expected
+from launch.results.expected import read_expected
 from launch.recipes import RECIPES_DIR, find_recipe, recipe_names
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,7 @@ def test_a_copied_recipe_folder_runs_without_edits_and_benches(tmp_path):
 def test_a_miss_is_reported_and_exits_nonzero(smoke_runs, capsys, monkeypatch):
     """The judge can fail: the ddp smoke run's real metrics against expected losses that are off by 1% are a miss
     (judged in-process, through the launcher's own judge, on the run the smoke test made)."""
-    from launch import judge
+    from launch.results import judge
     from launch.options import Options
     from launch.resolve import resolve
 

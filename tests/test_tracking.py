@@ -8,6 +8,7 @@ import shlex
 import pytest
 
 from launch import tracking
+from launch.rank import monitor
 from launch.options import Options
 from launch.resolve import resolve
 
@@ -29,6 +30,6 @@ def test_trackios_own_hint_is_silenced_in_the_ranks(monkeypatch, capsys):
     monkeypatch.setattr(utils, "print_dashboard_instructions", utils.print_dashboard_instructions)  # undone after
     utils.print_dashboard_instructions("zero3")
     assert 'trackio show --project "zero3"' in capsys.readouterr().out  # trackio's line, as trackio.init prints it
-    tracking.quiet_dashboard_hint()
+    monitor.quiet_dashboard_hint()
     utils.print_dashboard_instructions("zero3")
     assert capsys.readouterr().out == ""

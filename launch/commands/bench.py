@@ -3,7 +3,7 @@ global sequence length that really trains here.
 
 Starts from the planner's answer for this machine's GPUs, runs a few real steps per try (`--bench`, warm-up + 2
 measured steps) in a fresh launcher process each time, so that an out-of-memory error ends only that try, and
-bisects (`launch.bench.search_longest`). Prints the table of tries: length, result, step time, peak reserved memory
+bisects (`launch.throughput.search_longest`). Prints the table of tries: length, result, step time, peak reserved memory
 against the planner's prediction.
 """
 
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from launch import bench
+from launch import throughput
 from launch.commands import command
 from launch.errors import LaunchError
 from launch.machine import gpu_info, gpu_memory_gib, host_memory_gib
@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
         print(f"[launch] bench: {length:,} tokens: {detail}", flush=True)
         return ok, detail
 
-    longest, tries = bench.search_longest(start, plan.multiple, trial)
+    longest, tries = throughput.search_longest(start, plan.multiple, trial)
     print(f"\n{'max_length':>12} {'result':<16} {'step (s)':>9} {'reserved GiB':>13} {'predicted GiB':>14}")
     for length, _ok, _detail in tries:
         r = results[length]

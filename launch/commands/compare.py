@@ -1,5 +1,5 @@
 """`python -m launch compare RUN_DIR RUN_DIR... [--out FILE.png]`: per-step loss and grad_norm of several runs, and
-each run's difference from the first, as one PNG (`launch.plots`) and a table."""
+each run's difference from the first, as one PNG (`launch.results.plots`) and a table."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from launch.commands import command
 from launch.errors import LaunchError
 from launch.options import Parser
-from launch.plots import DEFAULT_OUT, CompareError, read_run, run_label, unique_labels, write_comparison
+from launch.results.plots import DEFAULT_OUT, CompareError, read_run, run_label, unique_labels, write_comparison
 
 
 @command("compare", "plot and tabulate per-step loss and grad_norm of run folders against the first")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from launch.commands import command
 from launch.copies import is_marked
 from launch.errors import LaunchError
-from launch.expected import profile_entry
+from launch.results.expected import profile_entry
 from launch.layout import Layout
 from launch.options import Parser
 from launch.recipes import find_recipe, recipe_names, refusal, refused_dirs

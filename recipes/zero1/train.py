@@ -31,7 +31,7 @@ class RecipeArguments:
         metadata={
             "help": "Benchmark without inputs: the model's architecture from its config.json with random weights (no "
             "weights, tokenizer or dataset is read) trained on rows of exactly max_length random tokens, through the "
-            "same SFTTrainer and distributed setup (launch/synthetic.py). The final model is not saved."
+            "same SFTTrainer and distributed setup (launch/rank/synthetic.py). The final model is not saved."
         },
     )
     synthetic_rows: int | None = field(
@@ -66,8 +66,8 @@ def main(script_args, training_args, model_args, dataset_args, recipe_args):
 
     if recipe_args.synthetic:
         # Random weights for the model's architecture and random rows of exactly max_length tokens; only the model's
-        # config.json is read (launch/synthetic.py). Needs this repository installed, as launch.cpu does.
-        from launch.synthetic import prepare
+        # config.json is read (launch/rank/synthetic.py). Needs this repository installed, as launch.cpu does.
+        from launch.rank.synthetic import prepare
 
         model, dataset, processing_class = prepare(model_args, training_args, script_args, recipe_args.synthetic_rows)
     else:
@@ -96,7 +96,7 @@ def main(script_args, training_args, model_args, dataset_args, recipe_args):
     # named and the job stopped) and, with --bench, step times, tokens and memory. It asks through LAUNCH_MONITOR_DIR;
     # under plain `accelerate launch` nothing is added.
     if os.environ.get("LAUNCH_MONITOR_DIR"):
-        from launch.monitor import add_callbacks
+        from launch.rank.monitor import add_callbacks
 
         add_callbacks(trainer)
 

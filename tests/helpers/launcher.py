@@ -1,5 +1,5 @@
 """Test helpers: running the launcher as a user would, a cache of smoke runs shared across tests, the parity check
-(through `launch.stepdiff`, the judge's own step-by-step difference) and the rule-message registry."""
+(through `launch.results.stepdiff`, the judge's own step-by-step difference) and the rule-message registry."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 from helpers.common import OFFLINE_ENV, free_port  # noqa: F401 (re-exported for the tests)
 from launch.outdir import RunFolder
-from launch.plots import write_comparison
-from launch.stepdiff import step_difference
+from launch.results.plots import write_comparison
+from launch.results.stepdiff import step_difference
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = REPO / "tests" / "harness"

@@ -1,5 +1,5 @@
-"""The one step-by-step difference of two runs' per-step metrics, used by the smoke judge (`launch.judge`), the
-run plots (`launch.plots`) and the parity tests.
+"""The one step-by-step difference of two runs' per-step metrics, used by the smoke judge (`launch.results.judge`), the
+run plots (`launch.results.plots`) and the parity tests.
 
 Aligned by step, not by position: a run that logged steps 1-12 and one that logged 1-7 are compared on steps 1-7,
 and both counts are kept so that the caller can say which steps were missing. NaN-aware: a NaN or inf on either

@@ -8,7 +8,7 @@ validated here), and a GPU profile's entry (`full-gpu`) may hold only that. Judg
   difference *and* a mean (signed) drift (`TOLERANCE` below holds TRL's numbers);
 - axolotl's e2e checks: two-sided bounds, i.e. the loss must fall, and the first and last loss must lie in a
   range (rtol 0.05 around the recorded values).
-The file is written only by `python -m launch record ...` (`launch.judge.record`).
+The file is written only by `python -m launch record ...` (`launch.results.judge.record`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from launch.errors import LaunchError
 from launch.sentinel import band_problems
-from launch.stepdiff import METRICS
+from launch.results.stepdiff import METRICS
 
 # TRL tests/invariant: loss max |diff| 1e-3 and mean diff 1e-5; grad_norm 1e-1 and 1e-3 (fp32, seed 42).
 TOLERANCE = {

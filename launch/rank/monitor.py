@@ -4,9 +4,9 @@ launcher asks (it sets LAUNCH_MONITOR_DIR; under plain `accelerate launch` nothi
 - Heartbeats: each rank rewrites `<dir>/rank<RANK>.json` with its last event (train_begin, step_begin, step_end,
   train_end) and step, so the launcher can tell a rank that stopped making progress from one that waits for it
   (`launch.supervise.Watchdog`).
-- With LAUNCH_BENCH=<warm-up steps>: `launch.bench.bench_callback`, into `<dir>/bench/`: tokens/s, MFU and memory
-  per rank, cheap enough for every run (no per-step device sync unless LAUNCH_BENCH_SYNC=1; see launch/bench.py).
-- With LAUNCH_FIRST_LOSS_BAND=<band as JSON>: `launch.sentinel.sentinel_callback`, which stops the run (every rank
+- With LAUNCH_BENCH=<warm-up steps>: `launch.rank.measure.measure_callback`, into `<dir>/bench/`: tokens/s, MFU and memory
+  per rank, cheap enough for every run (no per-step device sync unless LAUNCH_BENCH_SYNC=1; see launch/throughput.py).
+- With LAUNCH_FIRST_LOSS_BAND=<band as JSON>: `launch.rank.sentinel.sentinel_callback`, which stops the run (every rank
   raises) when a first logged loss is outside the band recorded in the recipe's expected_metrics.json.
 
 Rank side: no import of the launcher's other modules but bench, sentinel, tracking (trackio's dashboard hint, which
@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
-from launch import run_files  # names only
-from launch.bench import bench_callback  # rank side; bench and sentinel import nothing heavy at module level
-from launch.sentinel import ENV as SENTINEL_ENV  # LAUNCH_FIRST_LOSS_BAND
-from launch.sentinel import sentinel_callback
-from launch.tracking import quiet_dashboard_hint  # rank side; tracking imports nothing of the launcher
+from launch.rank import run_files  # names only
+from launch.rank.measure import measure_callback  # measure and sentinel import nothing heavy at module level
+from launch.rank.sentinel import ENV as SENTINEL_ENV  # LAUNCH_FIRST_LOSS_BAND
+from launch.rank.sentinel import sentinel_callback
 
 ENV = run_files.MONITOR_ENV  # LAUNCH_MONITOR_DIR: the run folder's monitor folder (launch.outdir.RunFolder.monitor)
 BENCH_ENV = "LAUNCH_BENCH"
@@ -39,7 +39,7 @@ def add_callbacks(trainer) -> None:
     quiet_dashboard_hint()  # trackio's hint lacks the run's TRACKIO_DIR; the launcher prints the right command
     trainer.add_callback(_heartbeat_callback(folder))
     if os.environ.get(BENCH_ENV):
-        trainer.add_callback(bench_callback(folder / run_files.BENCH, int(os.environ[BENCH_ENV])))
+        trainer.add_callback(measure_callback(folder / run_files.BENCH, int(os.environ[BENCH_ENV])))
     if os.environ.get(SENTINEL_ENV):
         trainer.add_callback(sentinel_callback(folder=folder))
 
@@ -85,3 +85,14 @@ def read_heartbeats(folder: Path) -> dict[int, dict]:
         except (OSError, ValueError, KeyError):
             continue
     return out
+
+
+def quiet_dashboard_hint() -> None:
+    """trackio 0.43 prints, at `trackio.init` (transformers' TrackioCallback, at the start of training, on the main
+    process), `trackio show --project "P"` in terminal colour codes (`trackio.utils.print_dashboard_instructions`)
+    and without the TRACKIO_DIR the launcher gave the run, so the command shown opens another store. Replace that one
+    function with nothing; trackio's other lines (project, store, run) are true and stay. Only where the Trainer has
+    imported trackio already (report_to trackio): nothing is imported for it."""
+    trackio = sys.modules.get("trackio")
+    if trackio is not None and hasattr(trackio, "utils"):
+        trackio.utils.print_dashboard_instructions = lambda project: None

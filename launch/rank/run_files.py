@@ -12,7 +12,7 @@ module imports nothing, so the ranks may import it without importing the launche
       trackio/                a smoke run's metrics store (launch.tracking)
       .launch/                the launcher's own: manifest.json, lock-machine<R>
         heartbeat/            MONITOR_ENV: rank<R>.json heartbeats, sentinel.json
-          bench/              rank<R>.json measurements (launch.bench)
+          bench/              rank<R>.json measurements (launch.throughput)
 
 The recipes' train.py spells `final` itself: a recipe's script runs under plain `accelerate launch` too, without
 this package.

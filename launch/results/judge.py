@@ -1,7 +1,7 @@
 """Judging a smoke run against its recipe's expected metrics, and recording them (`python -m launch record`).
 
-The per-step comparison is `launch.stepdiff`'s (aligned by step, NaN-aware); the tolerances and bounds are the
-expected-metrics file's (`launch.expected`).
+The per-step comparison is `launch.results.stepdiff`'s (aligned by step, NaN-aware); the tolerances and bounds are the
+expected-metrics file's (`launch.results.expected`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import platform
 from pathlib import Path
 
 from launch.errors import LaunchError
-from launch.expected import TOLERANCE, bounds_for, profile_entry, read_expected
+from launch.results.expected import TOLERANCE, bounds_for, profile_entry, read_expected
 from launch.machine import cpu_model, gpu_driver, gpu_info, installed_versions
-from launch.stepdiff import METRICS, by_step, step_difference
+from launch.results.stepdiff import METRICS, by_step, step_difference
 
 # Exit statuses of a judged smoke run (README: "Exit status").
 PASSED, MISSED, NO_REFERENCE, UNREADABLE_REFERENCE = 0, 1, 3, 4

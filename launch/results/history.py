@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from launch.outdir import RunFolder
-from launch.stepdiff import METRICS
+from launch.results.stepdiff import METRICS
 
 
 def read_history(output_dir: Path) -> list[dict]:
@@ -24,7 +24,7 @@ def step_metrics(history: list[dict]) -> dict[str, list[float]]:
 
 def run_totals(history: list[dict]) -> dict:
     """The Trainer's own totals: its train_runtime and the tokens TRL counted (padding excluded, warm-up included).
-    Their ratio is not reported: the run's tokens/s is the bench's (launch.bench), one figure under one name."""
+    Their ratio is not reported: the run's tokens/s is the bench's (launch.throughput), one figure under one name."""
     final = next((h for h in reversed(history) if "train_runtime" in h), {})
     tokens = max((h.get("num_tokens", 0) for h in history), default=0)
     return {"train_runtime_s": final.get("train_runtime"), "num_tokens": tokens}

@@ -1,0 +1,182 @@
+"""What a run measures inside each rank: throughput and memory, written for the launcher to summarise
+(`launch.throughput`).
+
+`measure_callback` is added by `launch.rank.monitor` when the launcher sets LAUNCH_BENCH=<warm-up steps>. Cheap
+enough for every run:
+- tokens: a forward pre-hook on the input embeddings adds each micro-batch's `input_ids.numel()` (a shape, no
+  device sync; padding counts; under CP/SP each rank counts its own shard);
+- time: `time.perf_counter()` at every step end (no sync), and one `torch.cuda.synchronize()` at the start of the
+  first measured step, every `SYNC_EVERY` (10) measured steps and at the last step's end. The overall tokens/s and
+  MFU come from those synchronised marks, so they are the GPU's time; the per-step times between two marks are the
+  host's view (the host may run ahead of the GPU, so single steps jitter; their sum is exact at each mark). Cost:
+  on GPU one queue drain per 10 steps (the next step's first kernels wait for the host to enqueue them, typically
+  well under a millisecond: an estimate, not measured here, no GPU), a Python hook per micro-batch and one JSON
+  write per 10 steps (host-side cost measured on CPU in tests/test_bench.py: tens of microseconds per step).
+  LAUNCH_BENCH_SYNC=1 (for the launcher's `--bench`) synchronises at every step begin and end instead, for exact
+  per-step times, at the cost of the host-device overlap at every step boundary;
+- memory, per rank, read at the marks: `torch.cuda.max_memory_allocated()` and `max_memory_reserved()` since the
+  first measured step (peaks reset there), the device memory in use as the driver sees it (`cudaMemGetInfo`: total
+  - free, so also the CUDA context and NCCL's buffers that PyTorch does not count; the caching allocator keeps its
+  peak reservation, so the value at a mark is the peak's), the process's peak resident set (`ru_maxrss`, whole
+  lifetime) and the host memory in use (psutil);
+- the device name and, where pynvml is importable, the GPU's enforced power limit (a 500 W H100 is slower than a
+  700 W one).
+Warm-up steps (default 2: optimizer states allocated, kernels compiled, caches filled) are not measured.
+
+Rank side: imports nothing of the launcher but `launch.rank.run_files` (names only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from launch.rank import run_files  # names only
+
+DEFAULT_WARMUP = 2
+SYNC_EVERY = 10  # measured steps between two synchronised marks (and file writes)
+SYNC_ENV = "LAUNCH_BENCH_SYNC"  # "1": synchronise at every step begin and end (exact per-step times)
+
+def measure_callback(folder: Path, warmup: int, sync_every_step: bool | None = None):
+    import resource
+
+    import torch
+    from transformers import TrainerCallback
+
+    rank = int(os.environ.get("RANK", "0"))
+    cuda = torch.cuda.is_available()
+    if sync_every_step is None:
+        sync_every_step = os.environ.get(SYNC_ENV) == "1"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    class MeasureCallback(TrainerCallback):
+        def __init__(self):
+            self.seen = 0  # optimizer steps begun
+            self.steps: list[dict] = []  # measured steps
+            self.marks: list[dict] = []  # synchronised: measured steps so far, seconds since the first, tokens
+            self.tokens = 0  # tokens of the current step
+            self.total_tokens = 0  # over the measured steps
+            self.t_start = self.t_last = self.t_begin = None
+            self.hook = None
+            self.memory: dict = {}
+            self.device: dict = {}  # name and power limit, read once
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            embeddings = model.get_input_embeddings() if model is not None else None
+            if embeddings is not None:
+                self.hook = embeddings.register_forward_pre_hook(self._count)
+
+        def _count(self, module, inputs):
+            if inputs and hasattr(inputs[0], "numel") and module.training:
+                self.tokens += int(inputs[0].numel())
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.seen += 1
+            self.tokens = 0
+            if self.seen == warmup + 1:  # the first measured step
+                sync()
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                self.t_start = self.t_last = time.perf_counter()
+                self.marks = [{"steps": 0, "time_s": 0.0, "tokens": 0}]
+            elif sync_every_step and self.t_start is not None:
+                sync()
+            self.t_begin = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.t_start is None:  # a warm-up step
+                return
+            if sync_every_step:
+                sync()
+            now = time.perf_counter()
+            # exact per step when synchronised; else the host's view between two step ends
+            elapsed = now - (self.t_begin if sync_every_step else self.t_last)
+            self.t_last = now
+            self.total_tokens += self.tokens
+            self.steps.append({"step": state.global_step, "time_s": elapsed, "tokens": self.tokens})
+            if len(self.steps) % SYNC_EVERY == 0 or (state.max_steps and state.global_step >= state.max_steps):
+                self._mark()  # (the last step's mark here: on_train_end comes after the Trainer's closing work)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.hook is not None:
+                self.hook.remove()
+            if self.t_start is not None and self.marks[-1]["steps"] < len(self.steps):
+                self._mark()
+            else:
+                self._write()
+
+        def _mark(self):
+            sync()
+            self.marks.append({"steps": len(self.steps), "time_s": time.perf_counter() - self.t_start,
+                               "tokens": self.total_tokens})
+            self.memory = _memory_now(cuda)
+            self._write()
+
+        def _write(self):
+            if not self.device:
+                self.device = {"device": _device_name(), "power_limit_w": _power_limit_w()}
+            info = {"rank": rank, "warmup": warmup, **self.device,
+                    "sync_every_step": sync_every_step, "steps": self.steps, "marks": self.marks,
+                    "memory": self.memory or _memory_now(cuda)}
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                path = folder / run_files.rank_file(rank)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(info))
+                os.replace(tmp, path)
+            except OSError:
+                pass
+
+    def _memory_now(on_gpu: bool) -> dict:
+        out = {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30,
+               "host_used_gib": _host_used_gib()}
+        if on_gpu:
+            free, total = torch.cuda.mem_get_info()
+            out.update(max_allocated_gib=torch.cuda.max_memory_allocated() / 2**30,
+                       max_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
+                       device_used_gib=(total - free) / 2**30, device_total_gib=total / 2**30)
+        return out
+
+    return MeasureCallback()
+
+
+def _device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.cuda.current_device())
+    return "cpu"
+
+
+def _power_limit_w() -> float | None:
+    """The GPU's enforced power limit (W), if pynvml is importable."""
+    try:
+        import pynvml
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        pynvml.nvmlInit()
+        index = torch.cuda.current_device()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible and visible.split(",")[index].strip().isdigit():
+            index = int(visible.split(",")[index])
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0
+    except Exception:  # noqa: BLE001 - no NVML: the power limit is not reported
+        return None
+
+
+def _host_used_gib() -> float | None:
+    try:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return (vm.total - vm.available) / 2**30
+    except Exception:  # noqa: BLE001 - psutil missing: host memory is not reported
+        return None
