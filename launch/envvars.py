@@ -1,7 +1,8 @@
 """The environment variables the launcher reads, each parsed here, once, with a clear error on a bad value.
 
-Two kinds are read elsewhere, on purpose: Hugging Face's own (HF_ENDPOINT, HF_HUB_OFFLINE, HF_HOME ...), which the
-hub module reads through huggingface_hub's parse of them, so that it probes what the downloads will use; and
+Three kinds are read elsewhere, on purpose: Hugging Face's own (HF_ENDPOINT, HF_HUB_OFFLINE, HF_HOME ...), which the
+hub module reads through huggingface_hub's parse of them, so that it probes what the downloads will use; trackio's
+TRACKIO_DIR, which `launch.tracking` reads as trackio itself does (a path, no parsing); and
 RECIPES_CACHE, which `launch.smoke` reads itself: it is on the lowest floor (it imports nothing of the launcher, and
 the tests call it directly), while this module raises LaunchError one floor up.
 

@@ -16,7 +16,7 @@ from helpers.launcher import explain, launch_in_process, shows
 from helpers.rule_checks import facts, make_recipe
 from launch.results.expected import read_expected
 from launch import copies, readme_blocks, rules, sections, train_template
-from launch.commands.listing import recipe_rows
+from launch.catalog import recipe_rows
 from launch.options import Options
 from launch.recipes import RECIPE_FILES, RECIPES_DIR, find_recipe, recipe_names
 from launch.resolve import resolve

@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
+from launch.catalog import recipe_rows
 from launch.commands import command
-from launch.copies import is_marked
 from launch.errors import LaunchError
-from launch.results.expected import profile_entry
-from launch.layout import Layout
 from launch.options import Parser
-from launch.recipes import find_recipe, recipe_names, refusal, refused_dirs
-
-
-def recipe_rows() -> list[dict]:
-    rows = []
-    for name in recipe_names():
-        recipe = find_recipe(name)
-        layout = Layout.from_configs(recipe.accelerate, recipe.config)
-        rows.append({
-            "name": name,
-            "strategy": layout.strategy,
-            "processes": layout.world_size,
-            "purpose": recipe.description,
-            "cpu_verified": "steps" in profile_entry(recipe, "smoke-cpu"),
-            "train_script": "copy" if is_marked(recipe.train_script) else "fork",
-        })
-    return rows
+from launch.recipes import refusal, refused_dirs
 
 
 @command("list", "the recipes: strategy, processes, purpose, CPU-verified, train.py copy/fork")
@@ -37,7 +19,8 @@ def main(argv: list[str]) -> int:
         cpu = "yes" if r["cpu_verified"] else "no"
         print(f"{r['name']:<20} {r['strategy']:<52} {r['processes']:>5}  {cpu:<4} {r['train_script']:<8} {r['purpose']}")
     print("\nCPU: the smoke profile runs on CPU (gloo) and meets its recorded expected metrics in CI.")
-    print("train.py: `copy` = kept equal to templates/train.py (sync-scripts); `fork` = changed on purpose (see README).")
+    print("train.py: `copy` = templates/train.py with the sections its config turns on, kept equal by sync-scripts; "
+          "`fork` = changed on purpose (see its README).")
     if refused := refused_dirs():  # listed above without them; each named here, the listing then exits 2
         raise LaunchError(" ".join(refusal(folder) for folder in refused))
     return 0
