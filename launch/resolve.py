@@ -179,6 +179,10 @@ def _accelerate_overrides(options: Options, accelerate: dict, num_processes: int
     for key in ("num_machines", "machine_rank", "main_process_ip", "main_process_port"):
         if getattr(options, key) is not None:
             overrides[key] = getattr(options, key)
+    if options.smoke and options.num_machines is None and int(accelerate.get("num_machines", 1) or 1) > 1:
+        # A smoke run is one machine's unless --num-machines (or a scheduler) says otherwise: a multi-node recipe
+        # (fsdp2-70b: num_machines 3) keeps its mesh, recorded for the processes of one machine.
+        overrides["num_machines"] = 1
     for name, size in mesh.items():
         overrides[MESH_KEYS[name]] = int(size)
     if options.cpu:

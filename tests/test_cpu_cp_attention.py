@@ -57,6 +57,7 @@ def _worker(rank: int, port: int, out_path: str) -> None:
     )
 
     from launch.cpu import context_parallel as cpu_cp
+    from launch.cpu import fsdp as cpu_fsdp
     from launch.cpu import gloo_exit
 
     torch.set_num_threads(1)
@@ -135,7 +136,7 @@ def _worker(rank: int, port: int, out_path: str) -> None:
         results["accelerate_upstream_error"] = None
     except ValueError as e:
         results["accelerate_upstream_error"] = str(e)
-    cpu_cp._promote_multi_cpu_to_fsdp_for_cp()
+    cpu_fsdp.enable()
     accelerator = make_accelerator()
     results["accelerate_patched"] = dict(
         distributed_type=str(accelerator.distributed_type),

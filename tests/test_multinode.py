@@ -1,6 +1,7 @@
 """Multi-node on loopback: two launcher invocations on this host, machine ranks 0 and 1 (127.0.0.1, a free
 port), must train exactly like one machine with all the processes: one process each for ddp and zero3, two each
-for ring-attention CP (cp 4 over both machines) and Ulysses SP (sp 2 x dp 2 over both machines); and ddp again with
+for ring-attention CP (cp 4 over both machines), Ulysses SP (sp 2 x dp 2 over both machines) and fsdp2-70b's HSDP
+(dp_replicate 2 x dp_shard 2: one replica per machine, as its GPU layout spans machines); and ddp again with
 nothing but each scheduler's rendezvous variables (SkyPilot's, and the PET_* of a Kubeflow TrainJob)."""
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def two_machines(argv, env=lambda rank: {}):
     return machine0.stdout
 
 
-@pytest.mark.parametrize("recipe,processes", [("ddp", 2), ("zero3", 2), ("ring-cp-4gpu", 4), ("alst-ulysses-4gpu", 4)])
+@pytest.mark.parametrize("recipe,processes", [("ddp", 2), ("zero3", 2), ("ring-cp-4gpu", 4), ("alst-ulysses-4gpu", 4),
+                                               ("fsdp2-70b", 4)])
 def test_two_machines_on_loopback_match_one_machine(recipe, processes, tmp_path, smoke_runs):
     port = str(free_port())
 
@@ -43,7 +45,7 @@ def test_two_machines_on_loopback_match_one_machine(recipe, processes, tmp_path,
     assert multi["layout"]["num_machines"] == 2 and multi["world_size"] == processes
     proc, single = smoke_runs.run(recipe)  # one machine, all processes: the recorded smoke invocation
     assert proc.returncode == 0, explain(proc)
-    # measured: identical (0.0) per-step losses and grad norms for all four (gloo over loopback reduces in the same
+    # measured: identical (0.0) per-step losses and grad norms for all five (gloo over loopback reduces in the same
     # order as on one machine)
     assert multi["observed"]["loss"] == pytest.approx(single["observed"]["loss"], abs=1e-6)
     assert multi["observed"]["grad_norm"] == pytest.approx(single["observed"]["grad_norm"], abs=1e-6)

@@ -2,6 +2,8 @@
 
 `train.py` imports this package only when `use_cpu` is set; nothing on the GPU path imports it. Each workaround
 lives in its own module, names the upstream behaviour it works around, and has a test:
+- fsdp: an FSDP2 Accelerate config (plain, HSDP or under CP) really shards under MULTI_CPU, as it does on GPUs
+  (tests/test_cpu_fsdp.py);
 - context_parallel: ring-attention CP through Accelerate + FSDP2 with a CPU SDPA kernel (tests/test_cpu_cp_attention.py);
 - gloo_alltoall: torch.distributed.nn's all-to-all inside a subgroup on gloo, for 2D SP (tests/test_cpu_gloo_alltoall.py);
 - gloo_exit: a rank aborting at interpreter exit after a successful run (tests/test_cpu_cp_attention.py uses it);
@@ -14,10 +16,12 @@ lives in its own module, names the upstream behaviour it works around, and has a
 
 
 def enable_cpu_path(training_args) -> None:
-    """Apply the CPU-only workarounds. Each is inert unless its layout (CP, SP subgroups) is in use."""
-    from launch.cpu import activation_offload, context_parallel, deepspeed_shm, gloo_alltoall, gloo_exit, pinned_offload
+    """Apply the CPU-only workarounds. Each is inert unless its layout (FSDP2, CP, SP subgroups) is in use."""
+    from launch.cpu import (activation_offload, context_parallel, deepspeed_shm, fsdp, gloo_alltoall, gloo_exit,
+                            pinned_offload)
 
     deepspeed_shm.skip_build()
+    fsdp.enable()
     context_parallel.enable()
     gloo_alltoall.install()
     gloo_exit.let_gloo_workers_finish_at_exit()

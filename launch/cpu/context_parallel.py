@@ -11,8 +11,8 @@ that CP runs hit too is handled for every CPU run in launch/cpu/gloo_exit.py):
    `cp_size > 1`) into `DistributedType.FSDP` runs only for GPU-like distributed types (MULTI_GPU, MULTI_XPU, ...).
    Under `use_cpu` the state stays `MULTI_CPU`, FSDP is silently dropped, and accelerate/parallelism_config.py
    `ParallelismConfig._validate_accelerator` refuses the config ("ParallelismConfig is only compatible
-   DistributedType.FSDP (version 2) ... but got DistributedType.MULTI_CPU"). We run the same promotion, with
-   upstream's own checks and messages, for MULTI_CPU when cp is enabled. FSDP2's `fully_shard` works on gloo.
+   DistributedType.FSDP (version 2) ... but got DistributedType.MULTI_CPU"). launch/cpu/fsdp.py runs the same
+   promotion, with upstream's own checks and messages, for MULTI_CPU: for CP as for every FSDP2 run.
 
 2. torch/distributed/tensor/experimental/_context_parallel/_attention.py, `_sdpa_handler` (the DTensor handler that
    `context_parallel()` installs for SDPA): it maps only the CUDA flash, efficient and cuDNN SDPA ops to the ring
@@ -25,14 +25,14 @@ that CP runs hit too is handled for every CPU run in launch/cpu/gloo_exit.py):
    unchanged.
 
 Imported only from `launch.cpu.enable_cpu_path`, i.e. only for `use_cpu` runs; nothing on the GPU path imports it.
-Both are inert unless context parallelism is configured.
+Workaround 2 is inert unless context parallelism is configured; workaround 1 acts for any FSDP2 config.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from launch.cpu import fsdp
 
 _SEQ_DIM = 2  # torch's SDPA ring routines hard-code the sequence dim of (batch, heads, seq, head_dim)
 _enabled = False
@@ -42,51 +42,9 @@ def enable() -> None:
     """Apply the CPU-only workarounds for ring-attention CP (idempotent)."""
     global _enabled
     if not _enabled:
-        _promote_multi_cpu_to_fsdp_for_cp()
+        fsdp.enable()  # workaround 1, shared with every FSDP2 run on CPU
         register_cpu_ring_attention()
         _enabled = True
-
-
-# --------------------------------------------------------------------------------------------------------------
-# 1. Accelerate: MULTI_CPU + FSDP2 plugin + cp_size > 1 -> DistributedType.FSDP
-# --------------------------------------------------------------------------------------------------------------
-
-
-def _promote_multi_cpu_to_fsdp_for_cp() -> None:
-    from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DistributedType
-
-    original_init = AcceleratorState.__init__
-    if getattr(original_init, "_cpu_cp_patch", False):
-        return
-
-    @functools.wraps(original_init)
-    def __init__(self, *args, **kwargs):
-        fresh = not AcceleratorState._shared_state  # only the call that initialises the shared state decides
-        original_init(self, *args, **kwargs)
-        pc = getattr(self, "parallelism_config", None)
-        if not (fresh and self.distributed_type == DistributedType.MULTI_CPU and pc is not None and pc.cp_enabled):
-            return
-        # The checks and assignments of the GPU branch of AcceleratorState.__init__ (accelerate 1.15), verbatim.
-        fsdp_plugin = kwargs.get("fsdp_plugin")
-        if fsdp_plugin is None:
-            raise ValueError(
-                "`cp_size > 1` specified in the `parallelism_config`, but no `fsdp_plugin` was provided. We need a "
-                "`fsdp_plugin` to use context parallelism with `cp_backend=torch`, as we also shard the model across "
-                "the device mesh to save more memory"
-            )
-        if fsdp_plugin.fsdp_version == 1:
-            raise ValueError("Using `cp_size>1` requires FSDP2, but the provided `fsdp_plugin` is using FSDP1. ")
-        self.distributed_type = DistributedType.FSDP
-        if self._mixed_precision != "no":
-            fsdp_plugin.set_mixed_precision(self._mixed_precision)
-        self.fsdp_plugin = fsdp_plugin
-        PartialState._shared_state["distributed_type"] = self.distributed_type
-        if self.process_index == 0:  # the smoke tests look for this line: CP really ran, not a silent fallback
-            print(f"[launch.cpu] context parallelism on CPU: FSDP2 over the device mesh, cp_size={pc.cp_size}", flush=True)
-
-    __init__._cpu_cp_patch = True
-    AcceleratorState.__init__ = __init__
 
 
 # --------------------------------------------------------------------------------------------------------------
