@@ -20,8 +20,9 @@ import struct
 import zipfile
 from pathlib import Path
 
+from launch.adapter import Adapter
 from launch.errors import LaunchError
-from launch.outdir import RunFolder, read_manifest
+from launch.outdir import ADAPTER_CONFIG, RunFolder, read_manifest
 
 
 def complete(folder: Path) -> bool:
@@ -102,11 +103,13 @@ def resolve_resume(output_dir: Path, resume: str) -> Path:
 
 
 def identity(setup) -> dict:
-    """What a checkpoint must share with the run that resumes it (recorded in the output folder's manifest)."""
+    """What a checkpoint must share with the run that resumes it (recorded in the output folder's manifest); `adapter`
+    is the LoRA / QLoRA adapter's (method, rank, targets, quantization: launch.adapter), None for a full fine-tune."""
     layout = setup.layout
+    adapter = Adapter.from_training(setup.training)
     return {"recipe": setup.recipe.name, "model": str(setup.training.get("model_name_or_path")),
             "strategy": layout.kind, "zero_stage": layout.zero_stage, "mesh": dict(layout.mesh),
-            "world_size": layout.world_size}
+            "world_size": layout.world_size, "adapter": adapter.identity() if adapter else None}
 
 
 def saved_format(folder: Path) -> dict:
@@ -122,7 +125,9 @@ def saved_format(folder: Path) -> dict:
         kind = None
     rng = [p for p in folder.glob("rng_state_*.pth")]
     world = len(rng) if rng else (1 if (folder / "rng_state.pth").is_file() else None)
-    return {"strategy": kind, "world_size": world}
+    # PEFT saves an adapter checkpoint's weights as adapter_config.json + adapter_model.safetensors (no model weights)
+    adapter = True if (folder / ADAPTER_CONFIG).is_file() else None
+    return {"strategy": kind, "world_size": world, "adapter": adapter}
 
 
 def resume_problems(checkpoint: Path, run: dict) -> list[str]:
@@ -139,6 +144,27 @@ def resume_problems(checkpoint: Path, run: dict) -> list[str]:
         keys.append("world_size")
     differences = [f"{key} {saved[key]!r} (this run: {run[key]!r})" for key in keys
                    if saved.get(key) is not None and key in run and saved[key] != run[key]]
+    differences += _adapter_difference(saved, run)
     if not differences:
         return []
     return [f"the checkpoint {checkpoint} was saved by another kind of run ({source}): " + "; ".join(differences)]
+
+
+def _adapter_difference(saved: dict, run: dict) -> list[str]:
+    """An adapter checkpoint holds only the adapter's weights and optimizer state, a full fine-tune's every weight's:
+    neither resumes the other kind of run; two adapters must share method, rank, targets and quantization. (A manifest
+    written before adapters were recorded has no `adapter` key: nothing to compare.)"""
+    if "adapter" not in saved or "adapter" not in run:
+        return []
+    was, now = saved["adapter"], run["adapter"]
+    if bool(was) != bool(now):
+        def kind(a):
+            if isinstance(a, dict):
+                return f"an adapter ({a['method']}) run"
+            return "an adapter run" if a else "a full fine-tune"
+        return [f"it is {kind(was)}'s checkpoint and this run is {kind(now)} (an adapter checkpoint holds only the "
+                "adapter's weights and optimizer state, a full fine-tune's every weight's)"]
+    if isinstance(was, dict) and isinstance(now, dict) and was != now:
+        keys = [k for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
+        return ["adapter " + ", ".join(f"{k} {was.get(k)!r} (this run: {now.get(k)!r})" for k in keys)]
+    return []

@@ -7,6 +7,7 @@ differences: device, precision, attention kernel and model size (plus the few st
 from __future__ import annotations
 
 from launch import smoke
+from launch.adapter import Adapter
 from launch.errors import LaunchError
 from launch.constants import CUDA_ONLY_ATTENTION, SP_ATTENTION_KEY
 
@@ -47,6 +48,13 @@ CPU_ENV = {"DS_ACCELERATOR": "cpu"}
 def cpu_accelerate(accelerate: dict) -> dict:
     """Accelerate overrides for CPU: fp32, and SDPA for Ulysses SP (it must equal the model's attention)."""
     out = {"mixed_precision": "no"}
+    fsdp = accelerate.get("fsdp_config") or {}
+    if accelerate.get("distributed_type") == "FSDP" and int(fsdp.get("fsdp_version") or 1) == 1:
+        # FSDP1's sync_module_states (which cpu_ram_efficient_loading turns on) broadcasts rank 0's weights from an
+        # accelerator: Accelerate's FullyShardedDataParallelPlugin refuses it without one ("There are currently no
+        # available devices found"). Every rank loads the same weights itself.
+        out["fsdp_sync_module_states"] = False
+        out["fsdp_cpu_ram_efficient_loading"] = False
     if (accelerate.get("parallelism_config") or {}).get(SP_ATTENTION_KEY) in CUDA_ONLY_ATTENTION:
         out[SP_ATTENTION_KEY] = "sdpa"
     return out
@@ -72,8 +80,19 @@ def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print)
         out["dtype"] = "bfloat16" if not cpu else "float32"
         if config.get("join_documents_min_chars"):  # the smoke data are chats, not documents to join
             out["join_documents_min_chars"] = 0
+        if Adapter.from_training(config) is not None:
+            # LoRA dropout draws a random mask per rank and micro-batch, so layouts with equal tokens per step (2
+            # processes, 1 process x accumulation 2, ZeRO-3) would train differently; the smoke run is deterministic.
+            out["lora_dropout"] = 0.0
     if cpu:
         out.update(CPU_TRAINING)
+        if config.get("load_in_4bit"):
+            # QLoRA stays in bf16 on CPU: TRL's SFTTrainer casts a quantized model's LoRA weights to bf16 (trl 1.16
+            # trainer/sft_trainer.py, after get_peft_model), and FSDP1 flattens one dtype per unit, so the base's
+            # load dtype and 4-bit storage follow (bf16 without autocast: bf16 and fp16 stay off).
+            out["dtype"] = "bfloat16"
+            if config.get("bnb_4bit_quant_storage"):
+                out["bnb_4bit_quant_storage"] = "bfloat16"
         if config.get("attn_implementation") in CUDA_ONLY_ATTENTION:
             out["attn_implementation"] = "sdpa"
     return out

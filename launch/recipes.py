@@ -22,7 +22,7 @@ RECIPES_DIR = REPO_ROOT / "recipes"
 RECIPE_FILES = ("config.yaml", "train.py", "expected_metrics.json", "README.md")
 # The first words `python -m launch WORD` reads as a command, not as a recipe: a folder of recipes/ named like one could
 # never be run by name, so discovery refuses it. Each command claims its word here (launch.commands checks it).
-COMMAND_NAMES = ("bench", "compare", "doctor", "help", "list", "plan", "record", "sync-scripts")
+COMMAND_NAMES = ("bench", "compare", "doctor", "help", "list", "merge", "plan", "record", "sync-scripts")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -130,7 +130,14 @@ class Recipe:
         if not readme.is_file():
             return ""
         paragraph: list[str] = []
-        for line in readme.read_text().splitlines():
+        raw = readme.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:  # `list` and README.md's table read every recipe's README
+            line = raw[: e.start].count(b"\n") + 1
+            raise LaunchError(f"{readme}:{line}: byte 0x{raw[e.start]:02x} is not UTF-8 "
+                              "(a recipe's README is read as UTF-8). Save it as UTF-8.") from None
+        for line in text.splitlines():
             line = line.strip()
             if line.startswith("#") or (not line and not paragraph):
                 continue
@@ -144,8 +151,28 @@ class Recipe:
         """Import the recipe's train.py (cheap: its heavy imports live inside functions)."""
         spec = importlib.util.spec_from_file_location(f"recipe_train_{self.name.replace('-', '_')}", self.train_script)
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - a broken script (the ranks would fail the same way): named, with its line
+            raise LaunchError(script_error(self.train_script, e)) from None
+        if not callable(getattr(module, "make_parser", None)):
+            raise LaunchError(f"{self.train_script}:1: defines no make_parser() (is it empty?). A recipe's train.py is "
+                              "a copy of templates/train.py: `python -m launch sync-scripts` rewrites a marked copy.")
         return module
+
+
+def script_error(path: Path, e: BaseException) -> str:
+    """`path:line: what` for an exception raised while importing the script at `path` (its own line, not ours)."""
+    import traceback
+
+    line = getattr(e, "lineno", None) if isinstance(e, SyntaxError) and e.filename == str(path) else None
+    if line is None:
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(path)]
+        line = frames[-1].lineno if frames else 1
+    what = e.msg if isinstance(e, SyntaxError) else str(e)
+    return (f"{path}:{line}: {type(e).__name__}: {what}. The script cannot be imported, so neither the launcher "
+            "nor the ranks can run it: fix that line (a marked copy of templates/train.py is rewritten by `python "
+            "-m launch sync-scripts`), or install the missing module.")
 
 
 def _candidate_dirs() -> list[Path]:

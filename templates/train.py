@@ -154,14 +154,23 @@ def main(script_args, training_args, model_args, dataset_args, recipe_args):
         resume_sequence_parallel_exactly()
     # end section ulysses-resume
 
+    # begin section fsdp1-adapter-save
+    if model_args.use_peft and getattr(trainer.accelerator.state.fsdp_plugin, "fsdp_version", None) == 1:
+        find_adapter_under_fsdp1_wrappers()
+    # end section fsdp1-adapter-save
+
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     # trainer_state.json (the per-step log_history) next to the weights, not only inside checkpoints.
     trainer.save_state()
     if not recipe_args.synthetic:  # a synthetic run's random weights are not worth saving
-        # Full weights (gathered from ZeRO-3 / FSDP shards) and the tokenizer, loadable by plain transformers.
+        # The tokenizer and, gathered from ZeRO-3 / FSDP shards: the full weights, loadable by plain transformers; or,
+        # for a LoRA / QLoRA run (`use_peft`), only the adapter in PEFT's files (adapter_config.json, which names the
+        # base, and adapter_model.safetensors): load it with PEFT on its base, or merge it into the base's weights
+        # with `python -m launch merge OUTPUT_DIR`.
         final_dir = os.path.join(training_args.output_dir, "final")
         trainer.save_model(final_dir)
-        trainer.accelerator.print(f"Model saved to {final_dir}.")
+        saved = "Adapter" if model_args.use_peft else "Model"
+        trainer.accelerator.print(f"{saved} saved to {final_dir}.")
     # Every rank has finished saving before the process group goes away.
     trainer.accelerator.wait_for_everyone()
     trainer.end()
@@ -261,6 +270,28 @@ def resume_sequence_parallel_exactly() -> None:
 
     hf_trainer.skip_first_batches = skip
 # end section ulysses-resume
+
+
+# begin section fsdp1-adapter-save
+# ---- PEFT's adapter files under FSDP1 (used by main for a LoRA / QLoRA run under FSDP1: recipes/qlora-fsdp) --------
+def find_adapter_under_fsdp1_wrappers() -> None:
+    """Let PEFT find the adapter's tensors in the state dict FSDP1 gathers, so that the adapter files it writes (the
+    final one and each checkpoint's) are not empty.
+
+    PEFT 0.21.2 picks a state dict's adapter entries by the names of its LoRA layers (peft/tuners/tuners_utils.py
+    `_get_tuner_state_dict_key_prefixes`, from `model.named_modules()`) and strips a leading `_fsdp_wrapped_module.`
+    only. FSDP1 nests one wrapper per unit (every decoder layer, every LoRA layer), so those names carry it in the
+    middle (`...layers.0._fsdp_wrapped_module.self_attn.q_proj.lora_A`) while the gathered state dict's keys do not:
+    nothing matches, and adapter_model.safetensors is written without a tensor, silently. FSDP2 has no wrappers."""
+    import peft.tuners.tuners_utils as tuners_utils
+
+    prefixes = tuners_utils._get_tuner_state_dict_key_prefixes
+
+    def without_wrappers(model, adapter_name=None):
+        return {p.replace("_fsdp_wrapped_module.", "") for p in prefixes(model, adapter_name)}
+
+    tuners_utils._get_tuner_state_dict_key_prefixes = without_wrappers
+# end section fsdp1-adapter-save
 
 
 def make_parser():

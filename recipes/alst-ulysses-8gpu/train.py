@@ -138,10 +138,14 @@ def main(script_args, training_args, model_args, dataset_args, recipe_args):
     # trainer_state.json (the per-step log_history) next to the weights, not only inside checkpoints.
     trainer.save_state()
     if not recipe_args.synthetic:  # a synthetic run's random weights are not worth saving
-        # Full weights (gathered from ZeRO-3 / FSDP shards) and the tokenizer, loadable by plain transformers.
+        # The tokenizer and, gathered from ZeRO-3 / FSDP shards: the full weights, loadable by plain transformers; or,
+        # for a LoRA / QLoRA run (`use_peft`), only the adapter in PEFT's files (adapter_config.json, which names the
+        # base, and adapter_model.safetensors): load it with PEFT on its base, or merge it into the base's weights
+        # with `python -m launch merge OUTPUT_DIR`.
         final_dir = os.path.join(training_args.output_dir, "final")
         trainer.save_model(final_dir)
-        trainer.accelerator.print(f"Model saved to {final_dir}.")
+        saved = "Adapter" if model_args.use_peft else "Model"
+        trainer.accelerator.print(f"{saved} saved to {final_dir}.")
     # Every rank has finished saving before the process group goes away.
     trainer.accelerator.wait_for_everyone()
     trainer.end()

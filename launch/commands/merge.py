@@ -1,0 +1,98 @@
+"""`python -m launch merge RUN_DIR [--out DIR] [--base DIR_OR_ID]`: a LoRA / QLoRA run's adapter (RUN_DIR/final, PEFT's
+files) merged into its base weights with PEFT's `merge_and_unload`, written with the tokenizer as a full model that
+plain transformers loads (`AutoModelForCausalLM.from_pretrained(DIR)`), without PEFT.
+
+The base is the one PEFT recorded in the adapter's adapter_config.json (`base_model_name_or_path`, `revision`), loaded
+unquantized in its own dtype in this one process (CPU, or what transformers picks): a QLoRA adapter is merged into the
+bf16 base, not into the 4-bit weights it trained against (PEFT's FSDP-QLoRA guide does the same; merging into 4-bit
+storage would round the merged weights to 4 bits again).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from launch.commands import command
+from launch.errors import LaunchError
+from launch.options import Parser
+from launch.outdir import ADAPTER_CONFIG, RunFolder, expand, holder_alive, read_lock, read_manifest, record_entry
+from launch.rules import merge_problems
+
+
+@command("merge", "merge a LoRA run's adapter (RUN_DIR/final) into its base: a full model for plain transformers")
+def main(argv: list[str]) -> int:
+    p = Parser(
+        prog="python -m launch merge",
+        description="Merge the adapter a LoRA / QLoRA run saved in RUN_DIR/final into its base weights (PEFT's "
+                    "merge_and_unload) and write the full model and the tokenizer, loadable by plain transformers.")
+    p.add_argument("run", metavar="RUN_DIR", help="the run's output folder (its final/ holds the adapter)")
+    p.add_argument("--out", metavar="DIR", help="where the merged model goes (default: RUN_DIR/merged); must not "
+                   "exist or be empty")
+    p.add_argument("--base", metavar="DIR_OR_ID", help="the base model (default: the one adapter_config.json names)")
+    p.add_argument("--allow-quantized", action="store_true", help="merge a QLoRA adapter into the unquantized base "
+                   "although the merged model then differs from the trained one by the quantization error")
+    ns = p.parse_args(argv)
+
+    folder = RunFolder(expand(ns.run))
+    final = adapter_folder(folder, allow_quantized=ns.allow_quantized)
+    out = expand(ns.out) if ns.out else folder.merged
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise LaunchError(f"--out {out} already exists and is not an empty folder; the merged model is written only "
+                          "into a new or empty folder. Delete it or pass another --out.")
+    base = merge(final, out, base=ns.base)
+    if out.parent == folder.path:  # the run folder's own entry from now on: --overwrite deletes it with the run
+        record_entry(folder.path, out.name)
+    print(f"merged {final} into {base}: {out}")
+    return 0
+
+
+def adapter_folder(folder: RunFolder, allow_quantized: bool = False) -> Path:
+    """RUN_DIR/final, checked to hold an adapter that may be merged (launch.rules.merge_problems, on the identity the
+    launcher recorded for the run; a folder of plain `accelerate launch` has none, and only its files are checked), in
+    a folder no run is writing to."""
+    if not folder.path.is_dir():
+        raise LaunchError(f"{folder.path} does not exist; give the output folder of a LoRA / QLoRA run.")
+    identity = (read_manifest(folder.path) or {}).get("run")
+    if isinstance(identity, dict) and (problems := merge_problems(identity, allow_quantized=allow_quantized)):
+        raise LaunchError(f"{folder.path}: " + " ".join(problems))
+    info = read_lock(folder.lock(0))
+    if info and holder_alive(info):
+        raise LaunchError(f"A run is still using {folder.path} (process {info.get('pid')}): merge its adapter once "
+                          "the run has finished.")
+    if not folder.final.is_dir():
+        raise LaunchError(f"{folder.final} does not exist: the run has not finished (its adapter is saved at the end) "
+                          f"or {folder.path} is not a run's output folder. A checkpoint's adapter can be merged with "
+                          "`--base` and the checkpoint folder's adapter files copied into a folder named final.")
+    if not folder.final_is_adapter:
+        raise LaunchError(f"{folder.final} holds no adapter ({ADAPTER_CONFIG} is missing): it is a full fine-tune's "
+                          "final model, which plain transformers already loads; there is nothing to merge.")
+    return folder.final
+
+
+def merge(final: Path, out: Path, base: str | None = None) -> str:
+    """Write base + adapter (merged) and the tokenizer into `out` (through a temporary folder beside it, renamed at the
+    end, so that a failed merge leaves no half-written model). Returns the base it merged into."""
+    from peft import PeftConfig, PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = PeftConfig.from_pretrained(str(final))
+    base = base or config.base_model_name_or_path
+    try:
+        model = AutoModelForCausalLM.from_pretrained(base, revision=config.revision, dtype="auto")
+    except OSError as e:
+        raise LaunchError(f"The base model {base} (named in {final / ADAPTER_CONFIG}) cannot be loaded ({e}). Pass "
+                          "--base with the folder or Hub id of the model the adapter was trained on.") from None
+    merged = PeftModel.from_pretrained(model, str(final)).merge_and_unload()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        merged.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(str(final)).save_pretrained(tmp)
+        if out.exists():
+            out.rmdir()  # empty (checked)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return base
