@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import sys
 
-from launch.commands import guarded, registered, run
-
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = registered()
-    if argv and argv[0] in commands:
-        command, rest = commands[argv[0]].main, argv[1:]
-    else:  # the run form: its first word is a recipe
-        command, rest = guarded(run.main), argv
     try:
+        # imported here, inside the handler: importing the commands takes a second or more (torch, transformers),
+        # and a Ctrl-C then is one line too, not a KeyboardInterrupt traceback
+        from launch.commands import guarded, registered, run
+
+        commands = registered()
+        if argv and argv[0] in commands:
+            command, rest = commands[argv[0]].main, argv[1:]
+        else:  # the run form: its first word is a recipe
+            command, rest = guarded(run.main), argv
         return command(rest)
     except KeyboardInterrupt:  # Ctrl-C before or after the ranks ran (while they run, supervise forwards it)
         print("\n[launch] interrupted (Ctrl-C)", file=sys.stderr)

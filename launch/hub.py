@@ -17,6 +17,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 PROBE_TIMEOUT_S = 3.0
+# config.json of each model the recipes name, as <org>--<name>/config.json: the planner's answer offline
+SHIPPED_CONFIGS = Path(__file__).resolve().parent.parent / "docs" / "model_configs"
 
 
 @dataclass
@@ -52,7 +54,8 @@ def hub_reachable() -> str | None:
 
 @lru_cache(maxsize=None)
 def read_model_config(name_or_path: str | None) -> ModelConfig:
-    """The model's text config, from a local folder, the hub cache, or (online, hub reachable) the hub."""
+    """The model's text config, from a local folder, the hub cache, the hub (online, hub reachable), or else the copy
+    docs/model_configs/ ships of a recipe's model."""
     if not name_or_path:
         return ModelConfig(None, "no model_name_or_path is set")
     path = Path(name_or_path).expanduser()
@@ -70,6 +73,10 @@ def read_model_config(name_or_path: str | None) -> ModelConfig:
             return cached
     hint = (f"copy its config.json into a folder and pass that folder, or run `hf download {name_or_path} config.json` "
             "on a machine that is online")
+    shipped = SHIPPED_CONFIGS / name_or_path.replace("/", "--")
+    if (shipped / "config.json").is_file() and (offline() or hub_reachable()):
+        # a fresh clone offline: the copy this repository ships of the recipes' models (docs/model_configs/README.md)
+        return _load(str(shipped), "shipped copy (docs/model_configs)", local_files_only=True)
     if offline():
         return ModelConfig(None, f"offline (HF_HUB_OFFLINE) and config.json of {name_or_path} is not in the Hugging "
                                  f"Face cache; {hint}")
@@ -93,7 +100,10 @@ def _load(name: str, source: str, **kwargs) -> ModelConfig:
     try:
         full = AutoConfig.from_pretrained(name, **kwargs)
     except Exception as e:  # noqa: BLE001 - transformers raises OSError/ValueError/KeyError for gated, unknown, corrupt
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        # the first line, and the next one where the first only announces it (transformers' validators: "Class
+        # validation error for validator 'validate_architecture':" then the ValueError)
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        first = (" ".join(lines[:2]) if lines[0].endswith(":") else lines[0]) if lines else type(e).__name__
         return ModelConfig(None, f"AutoConfig could not read {name} ({first})")
     get_text = getattr(full, "get_text_config", None)
     return ModelConfig(get_text() if get_text else full, None, source)
@@ -138,3 +148,90 @@ def _in_hub_cache(repo_id: str, repo_type: str) -> bool:
     from huggingface_hub.file_download import repo_folder_name
 
     return (Path(_cache_dir()) / repo_folder_name(repo_id=repo_id, repo_type=repo_type)).is_dir()
+
+
+# ---- a model checked the way the ranks will load it (issue 27: each of these started ranks that died 40-65 s later) --
+# A parameter count no machine holds: 10^13 parameters are 20 TB in bf16 (the largest open models have ~10^12); a
+# typo in config.json (hidden_size 409600) gives such counts, and random init or loading would run out of memory.
+MAX_PARAMETERS = 10**13
+
+
+def rough_parameters(config) -> int:
+    """Embeddings, attention and MLP of a dense decoder (enough to tell a plausible size from an impossible one)."""
+    h, layers = int(getattr(config, "hidden_size", 0) or 0), int(getattr(config, "num_hidden_layers", 0) or 0)
+    inter, vocab = int(getattr(config, "intermediate_size", 0) or 4 * h), int(getattr(config, "vocab_size", 0) or 0)
+    experts = int(getattr(config, "num_local_experts", 0) or getattr(config, "num_experts", 0) or 1)
+    return 2 * vocab * h + layers * (4 * h * h + 3 * h * inter * experts)
+
+
+def architecture_problem(config) -> str | None:
+    """What in the model's (text) config crashes the ranks at model creation or at the first step, which
+    AutoConfig does not check: non-positive sizes, query heads not a multiple of the KV heads, heads that do not
+    divide the hidden size (when the config sets no head_dim of its own), a size no machine holds."""
+    bad = []
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size",
+                "num_key_value_heads", "head_dim"):
+        value = getattr(config, key, None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            bad.append(f"{key} is {value!r} (a positive integer)")
+    if bad:
+        return "; ".join(bad)
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if heads and kv and heads % kv:
+        bad.append(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv} (grouped-query "
+                   "attention shares each KV head among the same number of query heads)")
+    hidden = getattr(config, "hidden_size", None)
+    head_dim = getattr(config, "head_dim", None) or (hidden // heads if hidden and heads else None)
+    if heads and hidden and hidden % heads and head_dim == hidden // heads:  # head_dim derived by floor division
+        bad.append(f"hidden_size {hidden} is not divisible by num_attention_heads {heads} (and no head_dim is set)")
+    elif head_dim and head_dim % 2:  # RoPE rotates pairs of dimensions: an odd head_dim fails in the first forward
+        bad.append(f"the head dimension is {head_dim}, odd (RoPE needs an even one)")
+    if (n := rough_parameters(config)) > MAX_PARAMETERS:
+        bad.append(f"about {n:.2g} parameters, more than any machine holds (hidden_size {hidden}, "
+                   f"num_hidden_layers {getattr(config, 'num_hidden_layers', None)}, vocab_size "
+                   f"{getattr(config, 'vocab_size', None)})")
+    return "; ".join(bad) or None
+
+
+def _has_weights(folder: Path) -> bool:
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+
+    names = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+    return any((folder / n).is_file() for n in names) or any(folder.glob("*.safetensors"))
+
+
+def model_problem(name_or_path: str | None, synthetic: bool = False) -> str | None:
+    """Why the ranks could not load this model, found before they start; None when they can (or it cannot be told
+    here: a model not found at all is `input_problem`'s, a hub id whose config is not cached is skipped and said).
+    A local folder must hold a config.json AutoConfig reads and, unless the run is synthetic (random weights from
+    the config), the weights from_pretrained reads; any config read must describe a model that can be built."""
+    if not name_or_path:
+        return None
+    model = read_model_config(name_or_path)
+    if model.config is None:
+        return folder_problem(name_or_path, synthetic)
+    if problem := architecture_problem(model.config):
+        return architecture_message(name_or_path, model.source, problem)
+    return folder_problem(name_or_path, synthetic)
+
+
+def architecture_message(name_or_path, source, problem: str) -> str:
+    return (f"the model {name_or_path} ({source}) describes a model that cannot be built or trained: {problem}. Fix "
+            "its config.json, or pass another model.")
+
+
+def folder_problem(name_or_path: str | None, synthetic: bool = False) -> str | None:
+    """A local model folder the ranks could not load: its config.json unreadable by AutoConfig, or (unless the run
+    is synthetic) no weights."""
+    if not name_or_path or not (path := Path(name_or_path).expanduser()).is_dir():
+        return None
+    model = read_model_config(name_or_path)
+    if model.config is None:
+        return (f"the model folder {name_or_path} cannot be read as the ranks will read it: {model.problem}. Point "
+                "--model (or model_name_or_path) at a folder holding the model's config.json as saved by "
+                "`save_pretrained` or downloaded from the hub.")
+    if not synthetic and not _has_weights(path):
+        return (f"the model folder {name_or_path} holds no weights (no model.safetensors, pytorch_model.bin or their "
+                "sharded index): the ranks would fail loading it. Add the weights, or pass --synthetic to train "
+                "the architecture from its config.json with random weights (throughput and memory runs).")
+    return None

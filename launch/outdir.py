@@ -33,6 +33,11 @@ from launch.errors import LaunchError
 # An earlier run's results, which a new run keeps unless told --resume or --overwrite.
 EARLIER_RUN = re.compile(rf"^({re.escape(run_files.CHECKPOINT_PREFIX)}\d+|{re.escape(run_files.FINAL)})$")
 _CHECKPOINT = re.compile(rf"^{re.escape(run_files.CHECKPOINT_PREFIX)}(\d+)$")
+# PEFT's names (peft.utils.constants CONFIG_NAME, SAFETENSORS_WEIGHTS_NAME), not imported from there (the launcher
+# reads them before any rank starts): an adapter run's `final` and checkpoints hold these instead of model weights.
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+MERGED = "merged"  # `python -m launch merge`'s default output, inside the run folder
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,16 @@ class RunFolder:
     @property
     def final(self) -> Path:
         return self.path / run_files.FINAL
+
+    @property
+    def final_is_adapter(self) -> bool:
+        """`final` holds a LoRA / QLoRA adapter (PEFT's files, to load on its base or merge), not full weights."""
+        return (self.final / ADAPTER_CONFIG).is_file()
+
+    @property
+    def merged(self) -> Path:
+        """Where `python -m launch merge` writes the adapter merged into its base, by default."""
+        return self.path / MERGED
 
     @property
     def trackio(self) -> Path:
@@ -229,6 +244,11 @@ def _check(folder: RunFolder, resume: bool, overwrite: bool, machine_rank: int) 
         return claim
     claim.new = False
     manifest = read_manifest(path)
+    if manifest is None and folder.manifest.exists():
+        raise LaunchError(
+            f"{folder.manifest} is corrupted (not the JSON object with an `entries` list this launcher writes), so "
+            f"which files of {path} an earlier run wrote cannot be told. Move the folder's contents elsewhere (or "
+            "delete them) and start again, or pass another --output-dir.")
     if manifest is None:
         shown = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "")
         raise LaunchError(
@@ -312,6 +332,17 @@ def release(c: Claim) -> None:
     finally:
         c.lock_path.unlink(missing_ok=True)
         c.lock_path = None
+
+
+def record_entry(path: Path, name: str) -> None:
+    """Add `name` (written into the folder after its run, e.g. a merged model) to the manifest's entries, so that the
+    next run accepts the folder and --overwrite deletes it with the run's other files. A folder without a manifest
+    (not the launcher's) is left without one."""
+    manifest = read_manifest(path)
+    if manifest is None:
+        return
+    manifest["entries"] = sorted(set(manifest["entries"]) | {name})
+    _write_manifest(path, manifest)
 
 
 def _write_manifest(path: Path, manifest: dict) -> None:

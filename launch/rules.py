@@ -22,6 +22,7 @@ from typing import Callable
 from packaging.version import Version
 
 from launch import hub, sections, train_template
+from launch.adapter import LINEAR_NAMES_KNOWN, Adapter, linear_module_names, quantization_on_cpu_supported
 from launch.constants import CP_ATTENTION, SP_ATTENTION, SP_ATTENTION_KEY
 from launch.recipes import RECIPES_DIR
 from launch.switches import is_on
@@ -242,8 +243,11 @@ def rendezvous_port(setup, facts: Facts):
     port, source = setup.options.main_process_port, setup.options.main_process_port_source
     if port is None or 1 <= port <= 65535:
         return None
+    # a scheduler's port names the variable(s) it came from (launch.envvars.rendezvous), e.g. SKYPILOT_..., not always MASTER_PORT
+    names = [n.strip() for n in source.split("=")]
     given, fix = (f"--main-process-port {port}", "Pass a port between 1 and 65535, e.g. 29500.") if source.startswith("--") \
-        else (f"MASTER_PORT={port} (from the environment)", "Unset MASTER_PORT or set it to a free port, e.g. 29500.")
+        else (f"{source}={port} (from the environment)",
+              f"Unset {' and '.join(names)} or set {'it' if len(names) == 1 else 'them'} to a free port, e.g. 29500.")
     return (f"{given} is not a TCP port (1-65535): it is the ranks' rendezvous port, also on one machine, where "
             f"accelerate launch would start and then fail. {fix}")
 
@@ -284,6 +288,34 @@ def enough_gpus(setup, facts: Facts):
 def model_and_data_found(setup, facts: Facts):
     if facts.missing_inputs:
         return "The run could not load its inputs: " + "; ".join(facts.missing_inputs) + "."
+    return None
+
+
+@rule()
+def output_dir_outside_recipes(setup, facts: Facts):
+    # a run's checkpoints inside a recipe folder would be taken for (and shipped with) the recipe's files
+    if setup.output_dir.resolve().is_relative_to(RECIPES_DIR.resolve()):
+        return (f"The output folder {setup.output_dir} is inside {RECIPES_DIR}, which holds the recipes: a run's "
+                "checkpoints there would be taken for recipe files. Pass an --output-dir outside recipes/, e.g. "
+                "outputs/NAME.")
+    return None
+
+
+@rule(machine=True)
+def model_folder_loads(setup, facts: Facts):
+    # AutoConfig and from_pretrained fail only in the ranks, 40-65 s after the start (issue 27)
+    t = setup.training
+    if problem := hub.folder_problem(t.get("model_name_or_path"), synthetic=bool(t.get("synthetic"))):
+        return problem[0].upper() + problem[1:]
+    return None
+
+
+@rule(needs_model=True)
+def model_architecture_valid(setup, facts: Facts):
+    # what AutoConfig accepts but model creation or the first step does not (launch.hub.architecture_problem)
+    if problem := hub.architecture_problem(facts.model_config):
+        message = hub.architecture_message(setup.training.get("model_name_or_path"), facts.model.source, problem)
+        return message[0].upper() + message[1:]
     return None
 
 
@@ -402,7 +434,9 @@ def sp_sequence_divisible(setup, facts: Facts):
             f"seqlen=L isn't divisible by sp-size={sp}\")")):
         return problem
     t = setup.training
-    if setup.options.cpu and int(t["pad_to_multiple_of"]) != int(t.get("max_length") or 0):
+    # synthetic rows are always exactly max_length tokens (launch.rank.synthetic): equal shapes without padding
+    synthetic = bool(getattr(setup.options, "synthetic", False) or t.get("synthetic"))
+    if setup.options.cpu and not synthetic and int(t["pad_to_multiple_of"]) != int(t.get("max_length") or 0):
         return ("On CPU, gloo all-gathers only equal shapes (\"ProcessGroupGloo::allgather: invalid tensor size\"), so "
                 "every SP batch must have the same length: set pad_to_multiple_of equal to max_length "
                 f"({t.get('max_length')}).")
@@ -543,6 +577,181 @@ def cp_no_param_offload_on_cpu(setup, facts: Facts):
     return None
 
 
+# ---- FSDP2 (and HSDP through parallelism_config) -----------------------------------------------------------------
+# Accelerate's FullyShardedDataParallelPlugin reads FSDP1's keys under fsdp_version 2 in the ranks only, after the
+# model has loaded, and there it only warns and drops most of them ("Multiple deprecation warnings due to FSDP2
+# conversion", accelerate/utils/dataclasses.py): a sharding strategy other than full sharding is silently lost.
+FSDP1_STRATEGY_IN_FSDP2 = {
+    "HYBRID_SHARD": "HSDP in FSDP2 is parallelism_config: parallelism_config_dp_replicate_size (replicas, e.g. one "
+                    "per node) x parallelism_config_dp_shard_size (GPUs that shard one copy)",
+    "HYBRID_SHARD_ZERO2": "HSDP in FSDP2 is parallelism_config (dp_replicate x dp_shard), plus "
+                           "fsdp_reshard_after_forward: false",
+    "SHARD_GRAD_OP": "FSDP2 spells it fsdp_reshard_after_forward: false",
+    "NO_SHARD": "an unsharded run is DDP (distributed_type: MULTI_GPU)",
+}
+
+
+@rule(feature="fsdp2", doc=(
+    "with `fsdp_version: 2`, no FSDP1-only setting (`fsdp_sharding_strategy` other than FULL_SHARD, "
+    "`fsdp_forward_prefetch`, an FSDP1 strategy name as `fsdp_reshard_after_forward`)",
+    "Accelerate drops the strategy with a warning (full sharding instead), or raises in every rank after loading"))
+def fsdp2_without_fsdp1_settings(setup, facts: Facts):
+    if not _fsdp2(setup):
+        return None
+    fsdp = setup.accelerate.get("fsdp_config") or {}
+    found = []
+    strategy = str(fsdp.get("fsdp_sharding_strategy") or "FULL_SHARD").upper()
+    if strategy not in ("FULL_SHARD", "1"):
+        found.append(f"fsdp_sharding_strategy: {strategy} ({FSDP1_STRATEGY_IN_FSDP2.get(strategy, 'not an FSDP2 setting')})")
+    if is_on(fsdp.get("fsdp_forward_prefetch")):
+        found.append("fsdp_forward_prefetch: true (Accelerate: \"forward_prefetch is not yet implemented in FSDP2\"; "
+                     "FSDP2 prefetches the next layer's all-gather by itself)")
+    raf = fsdp.get("fsdp_reshard_after_forward")
+    if isinstance(raf, str) and raf.strip().lower() not in ("true", "false", "1", "0", "yes", "no"):
+        found.append(f"fsdp_reshard_after_forward: {raf} (an FSDP1 strategy name; FSDP2 takes true or false)")
+    if not found:
+        return None
+    return ("The Accelerate config asks for FSDP2 (fsdp_version: 2) with FSDP1-only settings that FSDP2 ignores or "
+            "refuses in the ranks after the model has loaded: " + "; ".join(found) + ". Change them in the "
+            "Accelerate config's fsdp_config (or use fsdp_version: 1).")
+
+
+# ---- Adapters (LoRA / QLoRA: launch.adapter) --------------------------------------------------------------------
+def _adapter(setup):
+    return Adapter.from_training(setup.training)
+
+
+def _storage_shards(setup) -> bool:
+    """Whether the layout shards parameters themselves (FSDP, ZeRO-3), so that a quantized base must be stored in a
+    dtype the sharding can split."""
+    return setup.layout.sharding == "fsdp" or (setup.layout.sharding == "zero" and setup.layout.zero_stage == 3)
+
+
+@rule(feature="adapters", doc=(
+    "`lora_r` at least 1",
+    "PEFT refuses the rank in every rank, after the base model has loaded"))
+def lora_rank_positive(setup, facts: Facts):
+    a = _adapter(setup)
+    if a is None or a.r >= 1:
+        return None
+    return (f"lora_r is {a.r}: a LoRA rank is the number of columns of the low-rank update, at least 1 (PEFT's "
+            "LoraConfig refuses it in every rank after the base model has loaded). Set lora_r to a positive integer "
+            "(8-64 is usual; the recipes use 16).")
+
+
+@rule(needs_model=True, feature="adapters",
+      applies=lambda setup: _adapter(setup) is not None, doc=(
+          "`lora_target_modules` match at least one linear layer of the model",
+          "PEFT: \"Target modules ... not found in the base model\", in every rank after loading"))
+def lora_targets_match(setup, facts: Facts):
+    # The module names come from the model's config through the Llama-style families' known layout
+    # (launch.adapter.linear_module_names), the names the planner counts too: building the model on the meta device
+    # would be general, but costs the modelling code's import and a few seconds per check. Other model types: not
+    # checked here (PEFT checks in the ranks).
+    cfg = facts.model_config
+    if str(getattr(cfg, "model_type", "") or "") not in LINEAR_NAMES_KNOWN:
+        return None
+    a = _adapter(setup)
+    names = linear_module_names(int(getattr(cfg, "num_hidden_layers", 1) or 1))
+    if a.targets(names):
+        return None
+    suffixes = list(dict.fromkeys(n.rsplit(".", 1)[-1] for n in names))
+    shown = list(a.target_modules) if isinstance(a.target_modules, tuple) else a.target_modules
+    return (f"lora_target_modules {shown!r} match none of the linear layers of "
+            f"{setup.training.get('model_name_or_path')} (PEFT would stop every rank after loading with \"Target "
+            f"modules ... not found in the base model\"). Its linear layers are {', '.join(suffixes)}; name some of "
+            "them (a list matches a module whose name ends with an entry; a single string is a regular expression "
+            "over the whole name), or use all-linear.")
+
+
+@rule(feature="adapters", doc=(
+    "a quantized base under FSDP or ZeRO-3: `load_in_4bit` with `bnb_4bit_quant_storage` equal to `dtype` "
+    "(e.g. both bfloat16); no `load_in_8bit`",
+    "FSDP shards only floating-point storage: Accelerate leaves uint8 4-bit weights whole on every GPU (a warning), "
+    "mixed dtypes fail to flatten"))
+def quantized_base_shardable(setup, facts: Facts):
+    a = _adapter(setup)
+    if a is None or a.quantization is None or not _storage_shards(setup):
+        return None
+    q = a.quantization
+    where = setup.layout.strategy
+    if q.bits == 8:
+        return (f"load_in_8bit cannot be sharded by {where}: LLM.int8 weights are int8 tensors with their own "
+                "statistics, which FSDP and ZeRO-3 cannot split. Use QLoRA's 4-bit base (load_in_4bit: true, "
+                "bnb_4bit_quant_storage: bfloat16, dtype: bfloat16) or a layout that keeps the weights whole (DDP).")
+    load = str(setup.training.get("dtype") or "float32").replace("torch.", "")
+    if q.storage_dtype == load and load in ("bfloat16", "float16", "float32"):
+        return None
+    return (f"load_in_4bit under {where} needs bnb_4bit_quant_storage equal to the model's dtype (now "
+            f"{q.storage_dtype} and {load}): FSDP and ZeRO-3 shard only floating-point tensors of one dtype, so "
+            "bitsandbytes must pack the 4-bit weights into that dtype (PEFT's and bitsandbytes' FSDP-QLoRA docs). With "
+            "uint8 storage Accelerate keeps every 4-bit weight whole on every GPU instead. Set "
+            "bnb_4bit_quant_storage: bfloat16 and dtype: bfloat16.")
+
+
+@rule(feature="adapters", doc=(
+    "QLoRA (`load_in_4bit`) on CPU only where bitsandbytes' 4-bit path trains on CPU "
+    "(`launch.adapter.quantization_on_cpu_supported`)",
+    "bitsandbytes fails in the ranks after loading"))
+def quantized_base_on_cpu(setup, facts: Facts):
+    a = _adapter(setup)
+    if a is None or a.quantization is None or not setup.options.cpu or quantization_on_cpu_supported():
+        return None
+    return (f"A {a.quantization.bits}-bit base (load_in_{a.quantization.bits}bit) was asked for on CPU, where "
+            "bitsandbytes' quantized training does not run at our pins (launch/adapter.py "
+            "`quantization_on_cpu_supported` says why). Run it on a GPU, or drop load_in_4bit / load_in_8bit for a "
+            "CPU check of the LoRA run (the same adapter on an unquantized base).")
+
+
+@rule(feature="adapters", doc=(
+    "an adapter under FSDP checkpoints with the training config's `activation_checkpointing` (or "
+    "`gradient_checkpointing`), not `fsdp_activation_checkpointing`",
+    "the adapter is saved EMPTY (0 tensors in final/ and in every checkpoint), silently"))
+def adapter_with_fsdp_activation_checkpointing(setup, facts: Facts):
+    fsdp = setup.accelerate.get("fsdp_config") or {}
+    if (_adapter(setup) is None or setup.layout.sharding != "fsdp"
+            or not is_on(fsdp.get("fsdp_activation_checkpointing", False))):
+        return None
+    return ("A LoRA / QLoRA run under FSDP cannot use fsdp_activation_checkpointing: true. FSDP's checkpointing wraps "
+            "each decoder layer in torch's checkpoint_wrapper, so module names gain `._checkpoint_wrapped_module.`, "
+            "which PEFT's get_peft_model_state_dict does not strip (it strips `_fsdp_wrapped_module.` only): final/ and "
+            "every checkpoint's adapter_model.safetensors would hold 0 tensors, silently (measured with peft 0.21.2, "
+            "accelerate 1.15). Set fsdp_activation_checkpointing: false in the Accelerate config and "
+            "activation_checkpointing: true in config.yaml (transformers' checkpointing: the adapter is saved whole).")
+
+
+@rule(feature="adapters", doc=(
+    "no `optim: paged_adamw_8bit` for QLoRA under FSDP",
+    "PEFT's FSDP docs: it fails when the checkpoint is saved"))
+def qlora_fsdp_optimizer(setup, facts: Facts):
+    a = _adapter(setup)
+    if (a is None or a.method != "qlora" or setup.layout.sharding != "fsdp"
+            or str(setup.training.get("optim") or "") != "paged_adamw_8bit"):
+        return None
+    return ("optim: paged_adamw_8bit with QLoRA under FSDP fails when the first checkpoint is saved, after the "
+            "training time spent to reach it (a caveat of PEFT's FSDP-QLoRA docs, peft docs/source/accelerate/"
+            "fsdp.md). Use optim: adamw_torch_fused, the default: the adapter's optimizer states are small anyway.")
+
+
+def merge_problems(identity: dict | None, allow_quantized: bool = False) -> list[str]:
+    """Why the adapter of a finished run cannot be merged into its base (`python -m launch merge`), from the run's
+    recorded identity (`launch.checkpoints.identity`: its "adapter" entry is `Adapter.identity()`). Merging runs in
+    one process on the unsharded base (PEFT's `merge_and_unload` is not supported under FSDP, PEFT's FSDP docs), so
+    the training layout itself never stops it; what does: no adapter, or a quantized base, whose merge into the
+    unquantized weights is not the model that was trained (unless asked for)."""
+    adapter = (identity or {}).get("adapter")
+    if not adapter:
+        return ["This run trained the whole model (its recorded identity has no adapter): its final folder is already "
+                "a full model that loads in transformers, so there is nothing to merge."]
+    quant = adapter.get("quantization")
+    if quant and not allow_quantized:
+        return [f"This adapter was trained on a {quant.get('bits')}-bit base ({adapter.get('method')}): PEFT merges it "
+                "into the unquantized weights, which the adapter never saw, so the merged model differs from the "
+                "trained one by the quantization error (its eval loss will not reproduce the run's). Merge anyway with "
+                "`python -m launch merge RUN_DIR --allow-quantized`, or use the adapter on the 4-bit base as trained."]
+    return []
+
+
 # ---- Long context: positions and memory -------------------------------------------------------------------------
 def _rope(config) -> dict:
     """The RoPE parameters of a transformers config (5.x: `rope_parameters`; older: `rope_scaling` + `rope_theta`)."""
@@ -633,5 +842,7 @@ def skipped_line(setup, facts: Facts, report: Report) -> str | None:
     """One line saying which model-dependent rules were not checked, and why."""
     if not report.skipped:
         return None
+    # the memory plan needs the same config.json: say that its table is skipped too, not only the rules
+    table = "; the memory table (and the fit check) skipped" if getattr(facts, "memory", None) is None else ""
     return (f"model config of {setup.training.get('model_name_or_path')} not read ({facts.model.problem}): not "
-            f"checked: {', '.join(report.skipped)}")
+            f"checked: {', '.join(report.skipped)}{table}")

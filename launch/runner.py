@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import socket
@@ -93,19 +94,25 @@ def child_env(setup, monitor_dir: Path, sentinel_env: dict | None = None) -> dic
     return env
 
 
-def loss_sentinel(setup, say=say) -> dict:
-    """The ranks' environment for the first-steps loss sentinel (launch.sentinel): the band recorded for this recipe
-    and profile in expected_metrics.json (checked when it was read), or {} (off: no band, asked off, a synthetic run,
-    or a run set up otherwise than the band was recorded with; each said)."""
-    entry = profile_entry(setup.recipe, setup.profile)
-    band = sentinel.band_of(entry)
+def loss_sentinel(setup, say=say, model=None) -> dict:
+    """The ranks' environment for the first-steps loss sentinel (launch.sentinel): for a synthetic run, the band of a
+    random model's first loss (about ln(vocabulary)); else the band recorded for this recipe and profile in
+    expected_metrics.json (checked when it was read), or {} (off: no band, asked off, or a run that is another run
+    than the band was recorded with: another architecture, RoPE, length or layout; each said). `model`: the model's
+    config as launch.hub read it (read here when not given)."""
+    config = (model if model is not None else hub.read_model_config(setup.training.get("model_name_or_path"))).config
+    if setup.options.synthetic:
+        entry = {sentinel.KEY: band} if (band := sentinel.random_init_band(config)) else None
+    else:
+        entry = profile_entry(setup.recipe, setup.profile)
+        band = sentinel.band_of(entry)
     if not band:
+        if setup.options.synthetic:
+            say("loss sentinel off: the model's config was not read, so its vocabulary size is unknown")
         return {}
     if not setup.options.loss_sentinel:
         say("loss sentinel off (--no-loss-sentinel)")
-    elif setup.options.synthetic:
-        say("loss sentinel off: a synthetic run's random weights start at ln(vocabulary)")
-    elif differences := sentinel.mismatch(band, setup.training):
+    elif differences := sentinel.mismatch(band, setup.training, config, setup.layout):
         say("loss sentinel off: the band was recorded with other settings: " + "; ".join(differences))
     else:
         say(f"loss sentinel: the first {band['steps']} logged loss(es) must lie in [{band['low']:g}, {band['high']:g}] "
@@ -168,10 +175,21 @@ def launch(options, dry_run: bool = False) -> int:
     print(command.display(cmd), flush=True)
     for note in setup.notes + (claim.notes if claim else []):
         say(note)
-    sentinel_env = loss_sentinel(setup)
+    sentinel_env = loss_sentinel(setup, model=facts.model)
     if dry_run:
         if report.problems:
             raise LaunchError("the plan above would not start:\n\n" + "\n\n".join(report.all))
+        said = {rules.gpu_memory_fits(setup, facts), rules.host_memory_fits(setup, facts)} - {None}
+        if facts.memory is not None and not facts.memory.fits and not said:
+            # the table above says "does NOT fit" (e.g. a CPU dry run, where the memory rules do not apply): said
+            # here too, under the documented status of a valid plan this machine could not run (exit 0)
+            est, target = facts.memory.estimate, facts.memory.target
+            report.machine_problems.append(
+                f"The memory plan above does NOT fit its target: {est.gpu_peak_gib:.1f} GiB per GPU of "
+                f"{target.gpu_memory_gib:.1f}" + (f", {est.host_per_node_gib:.1f} GiB of host memory per node of "
+                f"{target.host_memory_gib:.1f}" if (target.host_memory_gib or math.inf) < est.host_per_node_gib
+                                                 else "") + f". {est.advice()} "
+                f"`python -m launch plan {setup.recipe.name} --max-length auto` finds the longest length that fits.")
         if report.machine_problems:  # e.g. an 8-GPU recipe planned on a laptop: the plan is valid
             say("the plan is valid, but this machine could not run it:\n\n" + "\n\n".join(report.machine_problems))
         return 0

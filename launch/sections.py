@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from launch import train_template
+from launch.errors import LaunchError
 from launch.constants import MESH_KEYS
 from launch.switches import is_on
 
@@ -47,6 +48,9 @@ SECTIONS = (
     # runs only when a sequence-parallel run resumes, but the recipes that can resume one are those with SP.
     Section("ulysses-resume", "`parallelism_config_sp_size` above 1 in the Accelerate config",
             lambda config, accelerate: _number((accelerate.get("parallelism_config") or {}).get(MESH_KEYS["sp"])) > 1),
+    Section("fsdp1-adapter-save", "`use_peft: true` in config.yaml with an FSDP1 Accelerate config (fsdp_version 1)",
+            lambda config, accelerate: is_on(config.get("use_peft")) and accelerate.get("distributed_type") == "FSDP"
+            and _number((accelerate.get("fsdp_config") or {}).get("fsdp_version") or 1) == 1),
 )
 SECTION_NAMES = tuple(s.name for s in SECTIONS)
 
@@ -73,8 +77,22 @@ def copy_text(sections, template: Path = train_template.TEMPLATE) -> str:
 
 
 def _first_line(path: Path) -> str:
-    with open(path) as f:
-        return f.readline()
+    # every train.py of recipes/ is read here first (sync-scripts, list, the checks): a broken one is named, with
+    # its line, not a traceback
+    try:
+        with open(path, "rb") as f:
+            raw = f.readline()
+    except IsADirectoryError:
+        raise LaunchError(f"{path} is a folder, not a train script: move it away and put the recipe's train.py "
+                          "back (from version control, or a copy of another recipe's: `python -m launch sync-scripts` "
+                          "then gives it this recipe's sections).") from None
+    except OSError as e:
+        raise LaunchError(f"{path} cannot be read ({e.strerror or e}).") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LaunchError(f"{path}:1: byte 0x{raw[e.start]:02x} is not UTF-8 (scripts are read as UTF-8). Save "
+                          "it as UTF-8.") from None
 
 
 def is_marked(path: Path) -> bool:

@@ -82,54 +82,111 @@ def _kill_group(pgid: int, sig: int) -> None:
 
 def run(cmd: list[str], log_path: Path, env: dict | None = None, echo=True,
         watchdog: Watchdog | None = None) -> tuple[int, str | None]:
-    """Run cmd to completion. Returns (exit status, what stopped it: a signal name, "hang: <why>", or None)."""
+    """Run cmd to completion. Returns (exit status, what stopped it: a signal name, "hang: <why>", or None).
+
+    No child outlives this call, whatever the moment of a Ctrl-C or SIGTERM: the handler that forwards them is
+    installed before the job is spawned (a signal during the spawn is recorded, and the job stopped as soon as its
+    process group is known), and on the way out the group is killed and waited for before the handlers are put
+    back, so the caller (which then releases the output folder's lock) runs only once the ranks are gone."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     stopped_by: list[str] = []
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
-    )
-    pgid = proc.pid
+    group: list[int] = []  # the job's process group, once spawned
+
+    def stop(why: str, shown: str) -> None:
+        if not stopped_by:
+            stopped_by.append(why)  # a signal's name ("SIGINT") or "hang: <why>"
+            sys.stderr.write(f"\n[launch] {shown}: stopping all ranks (SIGKILL in {GRACE_SECONDS}s)\n")
+        if group:
+            _kill_group(group[0], signal.SIGTERM)
 
     def forward(signum, _frame):
-        if not stopped_by:
-            stopped_by.append(signal.Signals(signum).name)
-            sys.stderr.write(f"\n[launch] {stopped_by[0]} received: stopping all ranks (SIGKILL in {GRACE_SECONDS}s)\n")
-        _kill_group(pgid, signal.SIGTERM)
+        name = signal.Signals(signum).name
+        stop(name, f"{name} received")
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    deadline = None
+    proc = None
     try:
-        with open(log_path, "ab") as log:
-            sel = selectors.DefaultSelector()
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while True:
-                if watchdog is not None and not stopped_by and (hang := watchdog.check()):
-                    stopped_by.append(f"hang: {hang}")
-                    sys.stderr.write(f"\n[launch] {hang}: stopping all ranks (SIGKILL in {GRACE_SECONDS}s)\n")
-                    _kill_group(pgid, signal.SIGTERM)
-                if stopped_by and deadline is None:
-                    deadline = time.monotonic() + GRACE_SECONDS
-                if deadline is not None and time.monotonic() > deadline:
-                    _kill_group(pgid, signal.SIGKILL)
-                for _key, _ in sel.select(timeout=POLL_SECONDS):
-                    chunk = os.read(proc.stdout.fileno(), 65536)
-                    if chunk:
-                        log.write(chunk)
-                        log.flush()
-                        if echo:
-                            sys.stdout.buffer.write(chunk)
-                            sys.stdout.flush()
-                    else:
-                        sel.unregister(proc.stdout)
-                if not sel.get_map() or proc.poll() is not None and not _readable(proc):
-                    break
-            rc = proc.wait()
+        if stopped_by:  # the signal came before the spawn: start nothing
+            return 128 + signal.Signals[stopped_by[0]], stopped_by[0]
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True
+        )
+        group.append(proc.pid)
+        if stopped_by:  # the signal came while spawning: the handler could not know the group yet
+            _kill_group(proc.pid, signal.SIGTERM)
+        rc = _supervise(proc, log_path, echo, watchdog, stopped_by, stop)
     finally:
+        if proc is not None:
+            # No rank outlives the job: whatever is left in the group goes, and is waited for.
+            _kill_group(proc.pid, signal.SIGKILL)
+            if proc.stdout is not None:
+                proc.stdout.close()
+            proc.wait()
+            _wait_group_gone(proc.pid)
         for s, handler in previous.items():
             signal.signal(s, handler)
-        # No rank outlives the job: whatever is left in the group goes.
-        _kill_group(pgid, signal.SIGKILL)
     return rc, (stopped_by[0] if stopped_by else None)
+
+
+def _supervise(proc, log_path: Path, echo: bool, watchdog: Watchdog | None, stopped_by: list[str], stop) -> int:
+    """Stream the job's output into the log (and the console) until it ends; stop it on a hang; SIGKILL what is
+    left GRACE_SECONDS after a stop."""
+    deadline = None
+    with open(log_path, "ab") as log:
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            if watchdog is not None and not stopped_by and (hang := watchdog.check()):
+                stop(f"hang: {hang}", hang)
+            if stopped_by and deadline is None:
+                deadline = time.monotonic() + GRACE_SECONDS
+            if deadline is not None and time.monotonic() > deadline:
+                _kill_group(proc.pid, signal.SIGKILL)
+            for _key, _ in sel.select(timeout=POLL_SECONDS):
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if chunk:
+                    log.write(chunk)
+                    log.flush()
+                    if echo:
+                        sys.stdout.buffer.write(chunk)
+                        sys.stdout.flush()
+                else:
+                    sel.unregister(proc.stdout)
+            if not sel.get_map() or proc.poll() is not None and not _readable(proc):
+                break
+        return proc.wait()
+
+
+GONE_WAIT_S = 10.0  # how long the launcher waits for SIGKILLed processes to leave (the kernel frees them in ms)
+
+
+def group_alive(pgid: int) -> list[int]:
+    """The processes of group `pgid` that still run (zombies, already dead, excluded)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    alive = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):  # state, ppid, pgrp
+            alive.append(int(entry.name))
+    return alive
+
+
+def _wait_group_gone(pgid: int) -> None:
+    deadline = time.monotonic() + GONE_WAIT_S
+    while group_alive(pgid) and time.monotonic() < deadline:
+        _kill_group(pgid, signal.SIGKILL)
+        time.sleep(0.05)
 
 
 def _readable(proc) -> bool:

@@ -21,6 +21,7 @@ import yaml
 
 from helpers.launcher import REPO, free_port, shows
 from launch import outdir, rules
+from launch.adapter import quantization_on_cpu_supported
 from launch.__main__ import main
 from launch.recipes import RECIPES_DIR, find_recipe
 
@@ -82,6 +83,9 @@ FIXTURES = {
     "zero3_run_2_processes": lambda tmp: {"out": earlier_run(tmp, run=_identity("zero3"))},
     "deepspeed_checkpoint": lambda tmp: _deepspeed_checkpoint(tmp),
     "two_runs": lambda tmp: _two_runs(tmp),
+    "lora_run": lambda tmp: {"out": earlier_run(tmp, run=_identity("lora"))},
+    "ddp_run": lambda tmp: {"out": earlier_run(tmp, run=_identity("ddp"))},
+    "adapter_checkpoint": lambda tmp: _adapter_checkpoint(tmp),
     "duplicate_key": lambda tmp: _with_text(tmp, "zero3", _duplicate_key),
     "duplicate_accelerate_key": lambda tmp: _with_text(tmp, "ddp", lambda t: t + b"num_processes: 3\n",
                                                        which="accelerate.yaml"),
@@ -92,7 +96,64 @@ FIXTURES = {
     "dangling_output": lambda tmp: _dangling(tmp),
     "accelerate_config_dir": lambda tmp: {"recipe": copy_recipe(tmp, config={"accelerate_config": "accelerate_configs"})},
     "tiled_mlp_in_a_zero3_copy": lambda tmp: {"recipe": copy_recipe(tmp, config={"tiled_mlp": True})},
+    "fsdp2_hybrid_shard": lambda tmp: {"recipe": copy_recipe(tmp, base="fsdp2", accelerate={"fsdp_config": {
+        **yaml.safe_load(find_recipe("fsdp2").accelerate_config_path.read_text())["fsdp_config"],
+        "fsdp_sharding_strategy": "HYBRID_SHARD"}})},
+    # issue 27
+    "corrupted_manifest": lambda tmp: _corrupted_manifest(tmp),
+    "model_no_config": lambda tmp: _model_dir(tmp, None),
+    "model_invalid_json": lambda tmp: _model_dir(tmp, "{not json"),
+    "model_json_list": lambda tmp: _model_dir(tmp, "[1, 2]"),
+    "model_unknown_type": lambda tmp: _model_dir(tmp, {"model_type": "no-such-architecture"}),
+    "model_hidden_zero": lambda tmp: _model_dir(tmp, {"hidden_size": 0}),
+    "model_heads_not_multiple_of_kv": lambda tmp: _model_dir(tmp, {"num_key_value_heads": 3}),
+    "model_heads_not_dividing_hidden": lambda tmp: _model_dir(tmp, {"model_type": "llama", "hidden_size": 66,
+                                                                  "head_dim": None}),
+    "model_too_large": lambda tmp: _model_dir(tmp, {"hidden_size": 1_048_576, "num_hidden_layers": 1000,
+                                                   "layer_types": None}),
+    "model_config_only": lambda tmp: _model_dir(tmp, {}),
+    "train_py_syntax_error": lambda tmp: _broken_script(tmp, lambda t: t + "\ndef (\n"),
+    "train_py_empty": lambda tmp: _broken_script(tmp, lambda t: ""),
+    "train_py_missing_module": lambda tmp: _broken_script(tmp, lambda t: t.replace("\nimport ", "\nimport no_such_module_xyz\nimport ", 1)),
+    "user_png": lambda tmp: _user_file(tmp, "mine.png"),
 }
+
+
+def _corrupted_manifest(tmp):
+    out = earlier_run(tmp)
+    outdir.RunFolder(out).manifest.write_text('{"entries": ["checkpoint-8", ')  # cut short
+    return {"out": out}
+
+
+def _model_dir(tmp, config):
+    """A model folder holding only a config.json: the smoke model's with `config` over it (None: no config.json; a
+    string: the file's text as given)."""
+    from launch import smoke
+
+    folder = tmp / "model"
+    folder.mkdir()
+    if isinstance(config, dict):
+        data = json.loads((Path(smoke.ensure_smoke_assets(progress=lambda *_: None)["model"]) / "config.json").read_text())
+        data.update(config)
+        (folder / "config.json").write_text(json.dumps({k: v for k, v in data.items() if v is not None}))
+    elif config is not None:
+        (folder / "config.json").write_text(config)
+    return {"model": folder}
+
+
+def _broken_script(tmp, edit):
+    folder = copy_recipe(tmp, base="ddp")
+    script = folder / "train.py"
+    script.write_text(edit(script.read_text()))
+    text = script.read_text()
+    line = {"syntax": text.count("\n"), "import": text.splitlines().index("import no_such_module_xyz") + 1
+            if "no_such_module_xyz" in text else 1}
+    return {"recipe": folder, "syntax_line": line["syntax"], "import_line": line["import"]}
+
+
+def _user_file(tmp, name):
+    (tmp / name).write_bytes(b"\x89PNG\r\n\x1a\n my own picture")
+    return {}
 
 
 def _identity(recipe: str, num_processes: int | None = None) -> dict:
@@ -110,6 +171,15 @@ def _deepspeed_checkpoint(tmp):
     folder = tmp / "elsewhere" / "checkpoint-8"
     (folder / "global_step8").mkdir(parents=True)
     for name in ("trainer_state.json", "rng_state_0.pth", "rng_state_1.pth"):
+        (folder / name).write_text("{}")
+    return {"ckpt": folder}
+
+
+def _adapter_checkpoint(tmp):
+    """A LoRA checkpoint saved by plain `accelerate launch` with DDP (no launcher manifest): PEFT's adapter files."""
+    folder = tmp / "elsewhere" / "checkpoint-8"
+    folder.mkdir(parents=True)
+    for name in ("trainer_state.json", "adapter_config.json", "optimizer.pt", "rng_state.pth"):
         (folder / name).write_text("{}")
     return {"ckpt": folder}
 
@@ -258,6 +328,14 @@ REFUSED = [
      "deepspeed_checkpoint", 2, "(read from its files): strategy 'deepspeed' (this run: 'fsdp2')"),
     ("resume-into-another-runs-folder", "ddp --smoke --cpu --resume {ckpt} --output-dir {out}", "two_runs", 2,
      "holds the results of another run (zero3, deepspeed), which this run would write over"),
+    # issue 26: an adapter checkpoint holds only the adapter's weights and optimizer state, a full fine-tune's all
+    ("resume-an-adapter-checkpoint-in-a-full-fine-tune", "lora --smoke --cpu --output-dir {out} --resume -- --use_peft "
+     "false", "lora_run", 2, "it is an adapter (lora) run's checkpoint and this run is a full fine-tune"),
+    ("resume-a-full-checkpoint-in-an-adapter-run", "ddp --smoke --cpu --output-dir {out} --resume -- --use_peft true",
+     "ddp_run", 2, "it is a full fine-tune's checkpoint and this run is an adapter (lora) run"),
+    ("resume-adapter-files-in-a-full-fine-tune", "ddp --smoke --cpu --resume {ckpt} --output-dir {out}",
+     "adapter_checkpoint", 2, "(read from its files): it is an adapter run's checkpoint and this run is a full "
+     "fine-tune"),
     # issue 19: the hang watchdog takes positive seconds or `off`
     ("hang-timeout-negative", "ddp --smoke --cpu --hang-timeout -1", "none", 2,
      "-1 seconds: give a positive number of seconds, or `off`"),
@@ -293,6 +371,70 @@ REFUSED = [
      "needs: tiled-mlp (needed for `tiled_mlp: true` in config.yaml). It is a copy, which holds the sections its "
      "configs turned on when it was last synced (none): `python -m launch sync-scripts {recipe}` rewrites it"),
 ]
+REFUSED += [
+    # issue 27: data lost or replaced
+    ("resume-with-overwrite", "ddp --smoke --cpu --save-steps 4 --output-dir {out} --resume --overwrite", "earlier_run",
+     2, "--resume and --overwrite contradict each other"),
+    ("record-a-synthetic-run", "record ddp --smoke --cpu --synthetic --max-steps 2", "none", 2,
+     "a synthetic run (random weights and tokens) has none: drop --synthetic"),
+    # issue 27: processes started that should have been refused (a model folder read as the ranks will read it)
+    ("synthetic-model-without-config", "ddp --smoke --cpu --synthetic --model {model}", "model_no_config", 2,
+     "The model folder {model} cannot be read as the ranks will read it: {model} has no config.json"),
+    ("synthetic-model-invalid-json", "ddp --smoke --cpu --synthetic --model {model}", "model_invalid_json", 2,
+     "The model folder {model} cannot be read as the ranks will read it: AutoConfig could not read"),
+    ("synthetic-model-json-list", "ddp --smoke --cpu --synthetic --model {model}", "model_json_list", 2,
+     "The model folder {model} cannot be read as the ranks will read it: AutoConfig could not read"),
+    ("synthetic-model-unknown-type", "ddp --smoke --cpu --synthetic --model {model}", "model_unknown_type", 2,
+     "no-such-architecture"),
+    ("synthetic-model-hidden-size-zero", "ddp --smoke --cpu --synthetic --model {model}", "model_hidden_zero", 2,
+     "describes a model that cannot be built or trained: hidden_size is 0 (a positive integer)"),
+    ("synthetic-model-heads-not-multiple-of-kv", "ddp --smoke --cpu --synthetic --model {model}",
+     "model_heads_not_multiple_of_kv", 2, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+    ("synthetic-model-heads-not-dividing-hidden", "ddp --smoke --cpu --synthetic --model {model}",
+     "model_heads_not_dividing_hidden", 2, "The hidden size (66) is not a multiple of the number of attention heads (4)"),
+    ("synthetic-model-no-machine-holds", "ddp --smoke --cpu --synthetic --model {model}", "model_too_large", 2,
+     "parameters, more than any machine holds"),
+    ("model-folder-without-weights", "ddp --smoke --cpu --model {model}", "model_config_only", 2,
+     "The model folder {model} holds no weights"),
+    # issue 27: answers that look valid but are not
+    ("output-dir-inside-recipes", "ddp --smoke --cpu --output-dir {repo}/recipes/ddp/run1", "none", 2,
+     "is inside {repo}/recipes, which holds the recipes"),
+    ("output-dir-empty", "ddp --smoke --cpu --output-dir=", "none", 2, "--output-dir is empty"),
+    ("rendezvous-timeout-negative", "ddp --smoke --cpu --num-machines 2 --machine-rank 1 --main-process-ip 127.0.0.1 "
+     "--rendezvous-timeout -5", "none", 2, "--rendezvous-timeout -5: give a positive number of seconds"),
+    ("corrupted-manifest", "ddp --smoke --cpu --output-dir {out}", "corrupted_manifest", 2,
+     "{out}/.launch/manifest.json is corrupted"),
+    ("train-py-syntax-error", "{recipe} --smoke --cpu --dry-run", "train_py_syntax_error", 2,
+     "{recipe}/train.py:{syntax_line}: SyntaxError: invalid syntax"),
+    ("train-py-empty", "{recipe} --smoke --cpu --dry-run", "train_py_empty", 2,
+     "{recipe}/train.py:1: defines no make_parser()"),
+    ("train-py-imports-a-missing-module", "{recipe} --smoke --cpu --dry-run", "train_py_missing_module", 2,
+     "{recipe}/train.py:{import_line}: ModuleNotFoundError: No module named 'no_such_module_xyz'"),
+    ("plan-gpu-memory-nan", "plan ddp --gpu-memory nan", "none", 2, "must be positive finite numbers"),
+    ("plan-gpu-memory-inf", "plan ddp --gpu-memory inf", "none", 2, "must be positive finite numbers"),
+    ("plan-host-memory-nan", "plan ddp --host-memory nan", "none", 2, "must be positive finite numbers"),
+    ("plan-max-length-zero", "plan ddp --max-length 0", "none", 2, "--max-length 0: give a positive number"),
+    ("plan-max-length-negative", "plan ddp --max-length -4096", "none", 2, "--max-length -4096: give a positive"),
+    ("plan-hidden-size-zero", "plan ddp --model {model}", "model_hidden_zero", 2, "hidden_size is 0"),
+    ("compare-out-replaces-a-users-file", "compare {tmp}/a {tmp}/b --out {tmp}/mine.png", "user_png", 2,
+     "--out {tmp}/mine.png already exists and is not a plot `compare` wrote"),
+]
+# issues 25 and 26: FSDP2 settings and adapters
+REFUSED += [
+    ("fsdp2-with-an-fsdp1-strategy", "{recipe} --smoke --cpu --dry-run", "fsdp2_hybrid_shard", 2,
+     "fsdp_sharding_strategy: HYBRID_SHARD (HSDP in FSDP2 is parallelism_config"),
+    ("adapter-under-fsdp-activation-checkpointing", "fsdp2 --smoke --cpu --dry-run -- --use_peft true", "none", 2,
+     "A LoRA / QLoRA run under FSDP cannot use fsdp_activation_checkpointing: true"),
+    ("lora-rank-zero", "ddp --smoke --cpu --dry-run -- --use_peft true --lora_r 0", "none", 2, "lora_r is 0"),
+    ("lora-targets-match-nothing",
+     "ddp --smoke --cpu --dry-run -- --use_peft true --lora_target_modules query_key_value dense", "none", 2,
+     "lora_target_modules ['query_key_value', 'dense'] match none of the linear layers"),
+    ("four-bit-base-fsdp-uint8-storage", "fsdp2 --smoke --cpu --dry-run -- --use_peft true --load_in_4bit true",
+     "none", 2, "load_in_4bit under FSDP2 needs bnb_4bit_quant_storage equal to the model's dtype"),
+    # only while bitsandbytes' 4-bit path cannot train on CPU (launch.adapter.quantization_on_cpu_supported)
+    *([("qlora-on-cpu", "ddp --smoke --cpu --dry-run -- --use_peft true --load_in_4bit true", "none", 2,
+        "bitsandbytes' quantized training does not run")] if not quantization_on_cpu_supported() else []),
+]
 ENV_REFUSED = [
     ("min-free-not-a-number", "ddp --smoke --cpu --dry-run", {"LAUNCH_MIN_FREE_MB": "abc"}, 2,
      "LAUNCH_MIN_FREE_MB='abc' is not an integer"),
@@ -306,6 +448,9 @@ ENV_REFUSED = [
      "Set RECIPES_CACHE to a folder you can write to"),
     ("recipes-cache-not-writable-zero3", "zero3 --smoke --cpu --dry-run", {"RECIPES_CACHE": "/dev/null/x"}, 2,
      "cannot be built in /dev/null/x/smoke/"),
+    # issue 27: the port's real source is named, not always MASTER_PORT
+    ("trainjob-port-out-of-range", "ddp --smoke --cpu --dry-run", {"PET_MASTER_PORT": "99999"}, 2,
+     "PET_MASTER_PORT=99999 (from the environment) is not a TCP port"),
 ]
 
 
@@ -350,6 +495,9 @@ def _values(tmp_path, fixture) -> dict:
 @shows(rules.multinode_rendezvous)
 @shows(rules.model_and_data_found)
 @shows(rules.script_holds_its_sections)
+@shows(rules.model_folder_loads)
+@shows(rules.output_dir_outside_recipes)
+@shows(rules.model_architecture_valid)
 @pytest.mark.parametrize("case", REFUSED, ids=[c[0] for c in REFUSED])
 def test_bad_input_is_refused_before_anything_starts(case, tmp_path, capsys, no_spawn):
     _id, argv, fixture, status, fragment = case
@@ -486,3 +634,78 @@ def test_expected_metrics_broken_during_the_run_still_give_a_summary(damage, tmp
     summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
     assert summary["verdict"]["passed"] is None and "expected metrics unreadable" in summary["verdict"]["reason"]
     assert "not judged: the expected metrics cannot be read any more" in out
+
+
+# ---- issue 27: beside the table ------------------------------------------------------------------------------------
+def test_record_keeps_the_recorded_layout_unless_one_is_given(tmp_path, capsys, no_spawn):
+    """`record ddp --smoke --cpu` records on the 2 processes ddp's smoke profile was recorded with, not on the
+    config's 8 (which every later smoke run would then inherit)."""
+    rc, out, err = _run("record ddp --smoke --cpu --dry-run", {}, capsys)
+    assert rc == 0, err
+    assert "world size               2 process(es)" in out
+    rc, out, err = _run("record ddp --smoke --cpu --num-processes 4 --dry-run", {}, capsys)
+    assert rc == 0 and "world size               4 process(es)" in out, err
+
+
+def test_plan_says_plainly_when_nothing_fits(capsys, no_spawn):
+    model = REPO / "docs" / "model_configs" / "Qwen--Qwen3-8B"
+    rc, out, err = _run(f"plan ddp --model {model} --max-length auto --gpu-memory 1", {}, capsys)
+    assert rc == 1, out + err
+    assert out.startswith("Nothing fits: even ") and "Longest global max_length that fits: 0" not in out
+
+
+def test_a_cpu_dry_run_that_does_not_fit_says_so(capsys, no_spawn):
+    """The table says "does NOT fit": the dry run says it under "the plan is valid, but this machine could not run
+    it" and exits 0, the documented status of that case (docs/running.md)."""
+    model = REPO / "docs" / "model_configs" / "Qwen--Qwen3-8B"
+    rc, out, err = _run(f"ring-cp-8gpu --cpu --dry-run --synthetic --model {model}", {}, capsys)
+    assert rc == 0, err
+    assert "Verdict: does NOT fit" in out
+    assert "the plan is valid, but this machine could not run it" in out
+    assert "The memory plan above does NOT fit its target" in out
+
+
+def test_doctor_recipe_runs_the_runs_preflight(capsys, no_spawn):
+    rc, out, err = _run("doctor alst-ulysses-4gpu --cpu --num-processes 3", {}, capsys)
+    assert rc == 1, out + err
+    assert "PROBLEM: The recipe's parallel layout" in out and "does not use 3 processes" in out
+
+
+def test_compare_replaces_its_own_plot_only(tmp_path, capsys):
+    from launch.results import plots
+
+    runs = []
+    for name, loss in (("a", [2.0, 1.5]), ("b", [2.0, 1.4])):
+        (tmp_path / name).mkdir()
+        history = [{"step": i + 1, "loss": v, "grad_norm": 1.0} for i, v in enumerate(loss)]
+        (tmp_path / name / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+        runs.append(str(tmp_path / name))
+    out = tmp_path / "plot.png"
+    for _ in range(2):  # written, then replaced: it is ours
+        rc, _out, err = _run(f"compare {runs[0]} {runs[1]} --out {out}", {}, capsys)
+        assert rc == 0 and plots.written_by_us(out), err
+    (tmp_path / "mine.png").write_bytes(b"\x89PNG\r\n\x1a\n my own picture")
+    rc, _out, err = _run(f"compare {runs[0]} {runs[1]} --out {tmp_path / 'mine.png'} --overwrite", {}, capsys)
+    assert rc == 0 and plots.written_by_us(tmp_path / "mine.png"), err
+
+
+def test_a_readme_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    from launch.catalog import recipe_row
+    from launch.errors import LaunchError
+
+    folder = copy_recipe(tmp_path, base="ddp")
+    readme = folder / "README.md"
+    readme.write_bytes(b"# ddp\n\nR\xe9glages de base.\n")
+    with pytest.raises(LaunchError, match=r"README.md:3: byte 0xe9 is not UTF-8"):
+        recipe_row(str(folder))
+
+
+def test_sync_scripts_names_a_train_py_that_is_a_folder(tmp_path):
+    from launch import copies
+    from launch.errors import LaunchError
+
+    shutil.copytree(RECIPES_DIR / "ddp", tmp_path / "ddp")
+    (tmp_path / "ddp" / "train.py").unlink()
+    (tmp_path / "ddp" / "train.py").mkdir()
+    with pytest.raises(LaunchError, match=r"ddp/train.py is a folder, not a train script"):
+        copies.sync_copies(tmp_path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -92,6 +93,13 @@ def test_a_checkpoint_with_truncated_weights_is_never_picked(tmp_path):
 DEADLINE_S = 60  # a dead rank ends the whole job within this many seconds of its death
 
 
+def fault_time(log: str) -> float:
+    """When the injected fault happened (tests/harness/sitecustomize.py prints the wall-clock time)."""
+    found = re.search(r"\[fault injection\] rank \d+ \w+ at step \d+ \(at unix time ([\d.]+)\)", log)
+    assert found, log[-3000:]
+    return float(found.group(1))
+
+
 def _leftovers(marker: str) -> list[str]:
     """Processes whose command line still mentions this test's output folder."""
     found = []
@@ -103,25 +111,25 @@ def _leftovers(marker: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["ddp", "zero3", "ring-cp-2gpu", "alst-ulysses-4gpu"])
+@pytest.mark.parametrize("recipe", ["ddp", "zero3", "ring-cp-2gpu", "alst-ulysses-4gpu", "fsdp2"])
 def test_a_dying_rank_ends_the_job_and_resume_continues_identically(recipe, tmp_path, smoke_runs):
-    """DDP, ZeRO-3, FSDP2 + CP, and ZeRO-3 + Ulysses SP (sp 2 x dp 2): train.py's resume_sequence_parallel_exactly
-    skips the inner loader's batches, then the remaining micro-batches, so each SP rank sees the sample it would
-    have seen."""
+    """DDP, ZeRO-3, FSDP2 + CP, ZeRO-3 + Ulysses SP (sp 2 x dp 2) and plain FSDP2: train.py's
+    resume_sequence_parallel_exactly skips the inner loader's batches, then the remaining micro-batches, so each SP
+    rank sees the sample it would have seen."""
     out = tmp_path / "out"
     # rank 1 raises at the end of step 7 (SP: step 4); checkpoints every 3 steps, so checkpoint-6 (SP: checkpoint-3) is
     # the newest complete one
-    started = time.monotonic()
     proc = launch_in_process(recipe, "--smoke", "--cpu", "--save-steps", "3", "--output-dir", out,
                              fault=f"1:{FAULT_STEP.get(recipe, 7)}:raise")
-    elapsed = time.monotonic() - started
+    ended = time.time()
     assert proc.returncode != 0, explain(proc)
     assert "first failure: rank 1" in proc.stdout and "RuntimeError: injected failure" in proc.stdout, explain(proc)
     newest = RunFolder(out).checkpoint(3 if recipe in FAULT_STEP else 6)
     assert f"last complete checkpoint: {newest}" in proc.stdout
     assert "--resume" in proc.stdout
-    died_at = RunFolder(out).log.read_text().index("[fault injection]")
-    assert died_at and elapsed < DEADLINE_S + 60, f"the job took {elapsed:.0f}s (start-up included)"
+    # measured from the rank's death, not from the start: start-up on a loaded machine says nothing about this
+    died = fault_time(RunFolder(out).log.read_text())
+    assert 0 <= ended - died < DEADLINE_S, f"the job ended {ended - died:.0f}s after rank 1 died"
     assert _leftovers(str(out)) == []
 
     # The resumed run also evaluates at its last step, for the reload check below (evaluation after step 12 does not
@@ -148,14 +156,14 @@ def test_a_hanging_rank_is_named_and_the_job_stopped(tmp_path):
     """Rank 1 stops making progress (alive, silent) after step 3: the watchdog stops the job within the hang timeout
     (+ the 30 s SIGTERM grace at most) and names rank 1."""
     out = tmp_path / "out"
-    started = time.monotonic()
     proc = launch_in_process("ddp", "--smoke", "--cpu", "--hang-timeout", "8", "--output-dir", out,
                              fault="1:3:hang")
-    elapsed = time.monotonic() - started
+    ended = time.time()
     assert proc.returncode != 0, explain(proc)
     assert "rank 1 stopped making progress in step 3" in proc.stderr + proc.stdout, explain(proc)
     assert "hang timeout 8 s; the other ranks got further and wait for it" in proc.stdout
-    assert elapsed < 8 + 30 + 60, f"{elapsed:.0f}s (start-up included)"
+    hung = fault_time(RunFolder(out).log.read_text())  # from the hang, not from the start
+    assert 0 <= ended - hung < 8 + 30 + 30, f"the job ended {ended - hung:.0f}s after rank 1 hung"
     assert json.loads(RunFolder(out).summary.read_text())["stopped_by"].startswith("hang: rank 1")
     assert _leftovers(str(out)) == []
 
@@ -190,7 +198,8 @@ def test_ctrl_c_stops_every_rank_keeps_the_checkpoint_and_says_how_to_resume(tmp
 # Under SP, rank 1 dies at step 4 so that the run resumes from checkpoint-3: 3 micro-batches into an sp-2 adapter
 # whose refills yield 2, so the exact-resume code also draws one micro-batch of a refill (n % sp != 0).
 FAULT_STEP = {"alst-ulysses-4gpu": 4}
-RELOADED = ("ddp", "zero3", "ring-cp-2gpu")  # DDP, ZeRO-3 (gathered shards), FSDP2 (gathered shards)
+# DDP, ZeRO-3 (gathered shards), FSDP2 + CP and plain FSDP2 (gathered shards)
+RELOADED = ("ddp", "zero3", "ring-cp-2gpu", "fsdp2")
 EVAL_AT_THE_END = ["--eval_strategy", "steps", "--eval_steps", "12", "--per_device_eval_batch_size", "1"]
 
 

@@ -73,6 +73,106 @@ def test_mismatch_names_what_the_band_was_not_recorded_with():
         "max_length: recorded with 1048576, this run has 8192"]
 
 
+QWEN3_8B = REPO / "docs" / "model_configs" / "Qwen--Qwen3-8B"
+YARN = {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000, "factor": 32.0,
+                            "original_max_position_embeddings": 32768}}
+
+
+def _config(folder):
+    from launch import hub
+
+    return hub.read_model_config(str(folder)).config
+
+
+def test_the_band_is_keyed_by_what_the_run_is_not_by_the_models_path(tmp_path):
+    """Issue 27: ring-cp-8gpu's band holds for Qwen3-8B's architecture at 1M tokens, wherever its config is read
+    from (a local copy of the weights keeps the band), and not for another architecture, RoPE base or length."""
+    band = json.loads((RECIPES_DIR / "ring-cp-8gpu" / "expected_metrics.json").read_text())[
+        "profiles"]["full-gpu"]["first_loss_band"]
+    assert "model_name_or_path" not in band["recorded_with"]
+    copy = tmp_path / "my-copy-of-qwen3-8b"
+    shutil.copytree(QWEN3_8B, copy)
+    for name in (str(QWEN3_8B), str(copy)):
+        training = {"model_name_or_path": name, "max_length": 1048576, "model_init_kwargs": YARN}
+        assert sentinel.mismatch(band, training, _config(name)) == []
+    # the trap the band is for (YaRN left out) keeps the band on: the RoPE compared is the model's own
+    assert sentinel.mismatch(band, {"max_length": 1048576}, _config(copy)) == []
+    other = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**other, "num_hidden_layers": 28, "rope_theta": 10000}))
+    from launch import hub
+
+    hub.read_model_config.cache_clear()
+    differences = sentinel.mismatch(band, {"max_length": 1048576}, _config(copy))
+    assert [d.split(":")[0] for d in differences] == ["model", "rope"], differences
+    assert sentinel.mismatch(band, {"max_length": 8192}, _config(QWEN3_8B)) == [
+        "max_length: recorded with 1048576, this run has 8192"]
+    assert sentinel.mismatch(band, {"max_length": 1048576}, None)[0].startswith(
+        "model: recorded with")  # the config not read: off, and said
+
+
+def test_the_layout_can_key_a_band():
+    from launch.layout import Layout
+
+    band = {**GOOD, "recorded_with": {"layout": {"world_size": 8}}}
+    layout = SimpleNamespace(world_size=8, mesh={"cp": 8})
+    assert sentinel.mismatch(band, {}, None, layout) == []
+    assert sentinel.mismatch(band, {}, None, SimpleNamespace(world_size=4, mesh={"cp": 4})) == [
+        "layout: recorded with {'world_size': 8}, this run has {'world_size': 4, 'mesh': {'cp': 4}}"]
+    assert Layout  # the real layout has these attributes (launch.layout)
+
+
+@pytest.mark.parametrize("shape", [
+    {},  # the smoke model: vocab 64, hidden 64
+    {"vocab_size": 32000, "hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
+     "intermediate_size": 1024},  # a Llama-2-sized vocabulary
+])
+def test_a_random_model_starts_inside_the_random_init_band(shape):
+    """The band every synthetic run gets (about ln(vocab)), against the loss random init gives on random tokens."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from launch import smoke
+
+    base = AutoConfig.from_pretrained(smoke.ensure_smoke_assets(progress=lambda *_: None)["model"])
+    config = base.__class__(**{**base.to_dict(), **shape})
+    band = sentinel.random_init_band(config)
+    chance = math.log(config.vocab_size)
+    assert band["low"] == pytest.approx(chance - sentinel.RANDOM_BELOW, abs=1e-3) and band["kind"] == "random_init"
+    predicted = chance + 0.02 ** 2 * config.hidden_size / 2
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        tokens = torch.randint(0, config.vocab_size, (2, 256))
+        with torch.no_grad():
+            loss = model(input_ids=tokens, labels=tokens).loss.item()
+    # measured: within 0.03 of the prediction (smoke: 4.1715 for 4.1717; 32000 x 512: 10.446 for 10.476)
+    assert loss == pytest.approx(predicted, abs=0.1)
+    assert band["low"] < loss < band["high"]
+    # what the band is there to catch: a loss averaged wrongly over 2 ranks, or summed over the tokens
+    assert not band["low"] < loss / 2 < band["high"] and not band["low"] < loss * 2 < band["high"]
+
+
+def test_every_synthetic_run_gets_the_random_init_band(capsys):
+    from launch.__main__ import main
+
+    rc = main(["ddp", "--smoke", "--cpu", "--synthetic", "--dry-run"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "loss sentinel: the first 1 logged loss(es) must lie in [3.6589, 5.1717] (a random model on random " \
+           "tokens starts at ln(vocab 64) = 4.159" in out
+    rc = main(["ddp", "--smoke", "--cpu", "--synthetic", "--dry-run", "--no-loss-sentinel"])
+    assert rc == 0 and "loss sentinel off (--no-loss-sentinel)" in capsys.readouterr().out
+
+
+def test_a_random_init_band_names_the_numerics_traps():
+    band = sentinel.random_init_band(SimpleNamespace(vocab_size=151936, hidden_size=4096, initializer_range=0.02))
+    env = sentinel.env_for({sentinel.KEY: band}, recipe="zero3", profile="full-gpu")
+    cb = rank_sentinel.sentinel_callback(json.loads(env[sentinel.ENV]))
+    with pytest.raises(rank_sentinel.FirstLossError) as err:
+        _log(cb, 1, {"loss": 11.93 / 8})  # divided by a CP size of 8 once too often
+    assert "the loss reduced wrongly over the ranks" in str(err.value) and "RoPE" not in str(err.value)
+
+
 # ---- the callback ---------------------------------------------------------------------------------------------------
 def _log(cb, step, logs):
     cb.on_log(None, SimpleNamespace(global_step=step), None, logs=logs)

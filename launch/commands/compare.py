@@ -8,7 +8,8 @@ from pathlib import Path
 from launch.commands import command
 from launch.errors import LaunchError
 from launch.options import Parser
-from launch.results.plots import DEFAULT_OUT, CompareError, read_run, run_label, unique_labels, write_comparison
+from launch.results.plots import (DEFAULT_OUT, CompareError, read_run, run_label, unique_labels, write_comparison,
+                                   written_by_us)
 
 
 @command("compare", "plot and tabulate per-step loss and grad_norm of run folders against the first")
@@ -21,6 +22,8 @@ def main(argv: list[str]) -> int:
                    "first is the reference")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="FILE.png",
                    help=f"where the PNG goes (default: {DEFAULT_OUT} in the current folder)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out even when it is not a plot this command "
+                   "wrote")
     ns = p.parse_args(argv)
     if len(ns.runs) < 2:
         p.error("give at least two run folders (the first is the reference)")
@@ -28,6 +31,9 @@ def main(argv: list[str]) -> int:
     out = Path(ns.out)
     if out.suffix.lower() != ".png":
         raise LaunchError(f"--out {out}: the plot is written as PNG; give a name ending in .png.")
+    if out.exists() and not ns.overwrite and not (out.is_file() and written_by_us(out)):
+        raise LaunchError(f"--out {out} already exists and is not a plot `compare` wrote: it is left alone. Pass "
+                          "another --out, or --overwrite to replace it.")
     folders = [Path(r) for r in ns.runs]
     problems, observed = [], []
     for folder in folders:

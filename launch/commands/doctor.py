@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from launch import rules, runner
 from launch.commands import command
 from launch.doctor import run_doctor
 from launch.envvars import doctor_at_start
@@ -18,4 +19,16 @@ def main(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     setup = resolve(Options(recipe=ns.recipe, **values_from(ns, ("cpu", "num_processes")))) if ns.recipe else None
     strict = ns.strict or doctor_at_start()
-    return 1 if run_doctor(setup, strict=strict) else 0
+    return 1 if run_doctor(setup, strict=strict, preflight=preflight(setup)) else 0
+
+
+def preflight(setup) -> list[str]:
+    """The problems the run's preflight finds (the rules of launch.rules, as `python -m launch RECIPE` checks them):
+    a layout the run refuses is not `doctor: ok`. Less the two run_doctor checks itself, and the inputs (model and
+    dataset found and loadable): doctor checks a machine, often before the data is there."""
+    if setup is None:
+        return []
+    facts = runner.gather_facts(setup)
+    own = {fn(setup, facts) for fn in (rules.version_floors, rules.enough_gpus, rules.model_and_data_found,
+                                       rules.model_folder_loads)}
+    return [m for m in rules.check(setup, facts).all if m not in own]

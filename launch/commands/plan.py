@@ -9,11 +9,14 @@ Exit status: 0 fits, 1 does not fit, 2 invalid input (or the model's config.json
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 
 from launch.commands import command
 from launch.errors import LaunchError
-from launch.memory_plan import GPU_MEMORY_GIB, Target, describe, plan_memory
+from launch.hub import model_problem
+from launch.memory_plan import GPU_MEMORY_GIB, Target, describe, plan_memory, trace_plan
 from launch.options import Options, Parser, add_options, split_extra, values_from
 from launch.resolve import resolve
 
@@ -34,6 +37,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="NAME_OR_DIR", help="a hub id or a folder with the model's config.json")
     add_options(p, ("mesh",))
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--trace", action="store_true",
+                   help="also trace one training step of the real model under fake tensors (CPU, no memory used; "
+                        "about a minute for an 8B model) and print its peak beside the plan's (docs/planning.md)")
     return p
 
 
@@ -44,23 +50,42 @@ def main(argv: list[str]) -> int:
     auto = ns.max_length == "auto"
     if ns.max_length and not auto:
         try:
-            extra = [*extra, "--max_length", str(int(ns.max_length))]
+            length = int(ns.max_length)
         except ValueError:
             raise LaunchError(f"--max-length {ns.max_length}: give a number of tokens or `auto`.") from None
+        if length < 1:  # the run refuses it too (rules.numbers_positive); 0 used to be planned at the config's length
+            raise LaunchError(f"--max-length {ns.max_length}: give a positive number of tokens, or `auto`.")
+        extra = [*extra, "--max_length", str(length)]
     if ns.model:
         extra = [*extra, "--model_name_or_path", ns.model]
-    if (ns.gpus is not None and ns.gpus < 1) or ns.nodes < 1 or ns.gpu_memory <= 0 or (
-            ns.host_memory is not None and ns.host_memory <= 0):
-        raise LaunchError("--gpus, --nodes, --gpu-memory and --host-memory must be positive.")
+    memories = [ns.gpu_memory] + ([ns.host_memory] if ns.host_memory is not None else [])
+    # `not 0 < m < inf` also refuses NaN, which every comparison would let through
+    if (ns.gpus is not None and ns.gpus < 1) or ns.nodes < 1 or any(not 0 < m < math.inf for m in memories):
+        raise LaunchError(f"--gpus, --nodes, --gpu-memory and --host-memory must be positive finite numbers (given: "
+                          f"--gpus {ns.gpus}, --nodes {ns.nodes}, --gpu-memory {ns.gpu_memory:g}, --host-memory "
+                          f"{ns.host_memory if ns.host_memory is None else format(ns.host_memory, 'g')}).")
     options = Options(**values_from(ns, RUN_OPTIONS), extra=extra,
                       num_machines=ns.nodes if ns.nodes > 1 else None,
                       num_processes=ns.gpus * ns.nodes if ns.gpus else None)
     setup = resolve(options, progress=lambda *_: None)
     target = Target(ns.gpus or setup.layout.processes_per_machine, ns.nodes, ns.gpu_memory, ns.host_memory)
+    # what the run's preflight refuses in the model's config (a plan reads no weights: as a synthetic run)
+    if problem := model_problem(setup.training.get("model_name_or_path"), synthetic=True):
+        raise LaunchError(problem)
     plan = plan_memory(setup, target, auto=auto)
+    if auto and not plan.longest and not ns.json:  # (--json: "fits": false, "max_length": 0)
+        print(f"Nothing fits: even {plan.multiple:,} tokens (the shortest length this layout takes) need more than "
+              f"{ns.gpu_memory:g} GiB per GPU" + (f" or {ns.host_memory:g} GiB of host memory per node"
+                                                  if ns.host_memory is not None else "") + ". Use more GPUs or "
+              "nodes, a larger --gpu-memory, or a recipe that shards more (the table is for that shortest length):")
+        print(describe(dataclasses.replace(plan, longest=None)))  # not "the longest length that fits: 0 tokens"
+        return 1
+    traced = trace_plan(plan, setup) if ns.trace else None
     if ns.json:
-        print(json.dumps(plan.as_json(), indent=2))
-    else:
-        print(plan.layout.describe())  # the run's layout at the planned length (with auto: the length found)
-        print(describe(plan))
+        print(json.dumps({**plan.as_json(), **({"trace": traced[1]} if traced else {})}, indent=2))
+        return 0 if plan.fits and (plan.longest or not auto) else 1
+    print(plan.layout.describe())  # the run's layout at the planned length (with auto: the length found)
+    print(describe(plan))
+    if traced:
+        print(traced[0])
     return 0 if plan.fits else 1

@@ -3,10 +3,15 @@ run from start to verdict (`launch.runner`); `record` writes its per-step metric
 
 from __future__ import annotations
 
-from launch import runner
+import dataclasses
+import math
+
+from launch import profiles, runner
 from launch.commands import command, overview
 from launch.errors import LaunchError
 from launch.options import parse_run
+from launch.recipes import find_recipe
+from launch.results.expected import profile_entry
 
 
 def main(argv: list[str], record: bool = False) -> int:
@@ -22,7 +27,42 @@ def main(argv: list[str], record: bool = False) -> int:
         raise LaunchError("--bench-steps must be at least 1 and --bench-warmup at least 0.")
     if options.bench_steps is not None and not options.bench:
         raise LaunchError("--bench-steps needs --bench.")
+    check_options(options)
+    if record:
+        options = recorded_layout(options)
     return runner.launch(options, dry_run=options.dry_run)
+
+
+def check_options(options) -> None:
+    """The run options that are wrong whatever the recipe (issue 27: each was accepted and lost data or time)."""
+    if options.resume and options.overwrite:
+        # --overwrite deletes the earlier run's checkpoints, the one --resume was about to continue from included
+        raise LaunchError("--resume and --overwrite contradict each other: --overwrite deletes the earlier run's "
+                          "checkpoints, including the one --resume would continue from. Pass --resume to continue "
+                          "the run, or --overwrite (without --resume) to delete it and start again.")
+    if options.output_dir is not None and not options.output_dir.strip():
+        raise LaunchError("--output-dir is empty: give the folder the run writes to, or leave the option out for "
+                          "the default (outputs/RECIPE/PROFILE).")
+    if not (math.isfinite(options.rendezvous_timeout) and options.rendezvous_timeout > 0):
+        raise LaunchError(f"--rendezvous-timeout {options.rendezvous_timeout:g}: give a positive number of seconds "
+                          "(how long machine ranks > 0 wait for machine rank 0).")
+    if options.record and options.synthetic:
+        raise LaunchError("`record` writes the expected metrics a smoke run is judged against, and a synthetic run "
+                          "(random weights and tokens) has none: drop --synthetic.")
+
+
+def recorded_layout(options):
+    """`record` keeps the layout the profile was recorded with (as a smoke run does) unless --num-processes or a
+    mesh size is given: a re-record on another layout would silently change what every later smoke run starts."""
+    if options.num_processes is not None or options.mesh:
+        return options
+    recipe = find_recipe(options.recipe, optional=("expected_metrics.json",))
+    if not recipe.expected_metrics_path.is_file():
+        return options
+    recorded = profile_entry(recipe, profiles.profile_name(options.smoke, options.cpu)).get("invocation") or {}
+    if not recorded.get("num_processes"):
+        return options
+    return dataclasses.replace(options, num_processes=recorded["num_processes"], mesh=dict(recorded.get("mesh") or {}))
 
 
 @command("record", "run RECIPE's smoke profile and write its per-step metrics as the expected ones (deliberate)")

@@ -27,17 +27,33 @@ TRAPS = (
 )
 
 
+# A synthetic run's band (kind "random_init") is the first loss of a random model on random tokens, about
+# ln(vocabulary): what moves it is the numerics, not the data.
+RANDOM_INIT_TRAPS = (
+    "the loss reduced wrongly over the ranks (summed instead of averaged, or divided by the context- or "
+    "sequence-parallel size twice)",
+    "the weights not initialised as the config says (initializer_range), or loaded in the wrong dtype",
+    "overflow or NaN in a low-precision kernel (fp16/bf16 attention, a fused loss)",
+    "labels not aligned with the inputs (every token is trained in a synthetic run)",
+)
+
+
 class FirstLossError(RuntimeError):
     """Raised in every rank when a first logged loss is outside the recorded band."""
 
 
 def message(loss: float, step: int, index: int, band: dict) -> str:
     where = " ".join(x for x in (band.get("recipe"), band.get("profile")) if x)
+    random_init = band.get("kind") == "random_init"
+    traps = RANDOM_INIT_TRAPS if random_init else TRAPS
     first = (f"first-steps loss sentinel: logged loss {loss:.4g} at step {step} (log {index} of the first "
              f"{band['steps']} checked) is outside the band [{band['low']:g}, {band['high']:g}] recorded"
              + (f" for {where}" if where else "") + f" ({band['source']}); the run was stopped. Likely traps: "
-             + "; ".join(f"({i + 1}) {t}" for i, t in enumerate(TRAPS)) + ".")
+             + "; ".join(f"({i + 1}) {t}" for i, t in enumerate(traps)) + ".")
     # one line (the launcher quotes an exception's first line), then how to go on
+    if random_init:
+        return (first + "\nA random model cannot start far from ln(vocabulary): look for the trap; "
+                "--no-loss-sentinel runs without the check.")
     return (first + "\nIf the setup is right and the band is not (another model, data or length than recorded), "
             "re-record the band in the recipe's expected_metrics.json or run without it.")
 

@@ -207,8 +207,23 @@ def plot_comparison(runs: list[tuple[str, dict]], out: Path, tolerance: dict | N
     fig.suptitle(title or f"{len(runs)} runs: per-step loss and grad_norm (top), each run minus the first (bottom)",
                  fontsize=14)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
+    fig.savefig(out, format="png", metadata={"Software": SOFTWARE})
     return out
+
+
+SOFTWARE = "python -m launch compare"  # the PNG text chunk that marks a plot as ours (`written_by_us`)
+
+
+def written_by_us(path: Path) -> bool:
+    """Whether the PNG at `path` is a comparison this module wrote (its Software text chunk), so that `compare --out`
+    may replace it without --overwrite; any other file is the user's."""
+    try:
+        from PIL import Image
+
+        with Image.open(path) as image:
+            return image.format == "PNG" and image.info.get("Software") == SOFTWARE
+    except Exception:  # noqa: BLE001 - not an image, unreadable, Pillow missing: not ours to replace
+        return False
 
 
 def _legend_labels(runs: list[tuple[str, dict]], diffs: list[Diff]) -> list[str]:

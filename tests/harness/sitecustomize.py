@@ -27,7 +27,9 @@ def _fault_callback(spec: str):
     class FaultInjection(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == int(step) and os.environ.get("RANK", "0") == rank:
-                print(f"[fault injection] rank {rank} {action}s at step {step}", flush=True)
+                # the wall-clock time of the event, for the tests' bounds measured from it (not from the start)
+                print(f"[fault injection] rank {rank} {action}s at step {step} (at unix time {time.time():.3f})",
+                      flush=True)
                 if action == "hang":
                     time.sleep(3600)
                 raise RuntimeError(f"injected failure (RECIPES_TEST_FAULT={spec})")
