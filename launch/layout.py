@@ -189,6 +189,11 @@ class Layout:
             name = f"DeepSpeed ZeRO-{self.zero_stage}" + (" + CPU offload" if self.offload_optimizer or self.offload_params else "")
         elif self.kind in ("fsdp1", "fsdp2"):
             name = self.kind.upper()
+            replicas, shard = int(self.mesh.get("dp_replicate", 1)), int(self.mesh.get("dp_shard", 1))
+            if replicas > 1 and shard > 1:
+                name += f" HSDP (dp_replicate={replicas} x dp_shard={shard})"
+            if self.offload_params:
+                name += " + CPU offload"
         elif self.kind == "ddp":
             name = "DDP"
         else:
@@ -230,6 +235,17 @@ def mesh_from(accelerate: dict, world_size: int) -> dict:
         # Without a parallelism config every process is a data-parallel rank (replicas for DDP and ZeRO).
         mesh = {name: 1 for name in MESH_KEYS}
         mesh["dp_shard" if accelerate.get("distributed_type") == "FSDP" else "dp_replicate"] = world_size
+        fsdp = accelerate.get("fsdp_config") or {}
+        if accelerate.get("distributed_type") == "FSDP" and int(fsdp.get("fsdp_version", 1) or 1) == 1:
+            # FSDP1 says its mesh with its sharding strategy (torch's ShardingStrategy): HYBRID_SHARD shards within a
+            # machine and replicates across machines, NO_SHARD replicates everything (FSDP2 ignores the key, and
+            # rules.fsdp2_without_fsdp1_settings refuses it there)
+            strategy = str(fsdp.get("fsdp_sharding_strategy") or "FULL_SHARD").upper()
+            machines = max(int(accelerate.get("num_machines", 1) or 1), 1)
+            if strategy in ("HYBRID_SHARD", "HYBRID_SHARD_ZERO2", "4", "5") and world_size % machines == 0:
+                mesh.update(dp_replicate=machines, dp_shard=world_size // machines)
+            elif strategy in ("NO_SHARD", "3"):
+                mesh.update(dp_replicate=world_size, dp_shard=1)
         return mesh
     return {name: getattr(pc, f"{name}_size") for name in MESH_KEYS}
 

@@ -82,3 +82,29 @@ def test_defaults_are_trls_and_switches_read_one_way():
     for off in (None, False, 0, "", "none", "false", "no", "off", "0", "FULL_SHARD"):
         assert not is_on(off), off
 
+
+
+def test_fsdp1_sharding_strategy_is_its_mesh_and_fsdp2_uses_parallelism_config():
+    """FSDP1 says HSDP with its sharding strategy (HYBRID_SHARD: shard within a machine, replicate across machines);
+    FSDP2 with parallelism_config's dp_replicate x dp_shard. Either way the states are split over the shard group."""
+    fsdp1 = {"distributed_type": "FSDP", "num_processes": 16, "num_machines": 2,
+             "fsdp_config": {"fsdp_version": 1, "fsdp_sharding_strategy": "HYBRID_SHARD"}}
+    layout = Layout.from_configs(fsdp1, {})
+    assert (layout.mesh["dp_replicate"], layout.mesh["dp_shard"], layout.shard_group) == (2, 8, 8)
+    no_shard = {**fsdp1, "fsdp_config": {"fsdp_version": 1, "fsdp_sharding_strategy": "NO_SHARD"}}
+    assert Layout.from_configs(no_shard, {}).shard_group == 1
+    fsdp2 = {"distributed_type": "FSDP", "num_processes": 16, "num_machines": 2, "fsdp_config": {"fsdp_version": 2},
+             "parallelism_config": {"parallelism_config_dp_replicate_size": 2, "parallelism_config_dp_shard_size": 8}}
+    layout = Layout.from_configs(fsdp2, {})
+    assert (layout.mesh["dp_replicate"], layout.shard_group, layout.dp_world_size) == (2, 8, 16)
+    assert layout.strategy == "FSDP2 HSDP (dp_replicate=2 x dp_shard=8)"
+    # SHARD_GRAD_OP keeps every unit gathered from its forward to its backward (FSDP2: reshard_after_forward false)
+    grad_op = {**fsdp1, "fsdp_config": {"fsdp_version": 1, "fsdp_sharding_strategy": "SHARD_GRAD_OP"}}
+    assert run_shape_of(grad_op).fsdp_reshard_after_forward is False
+    assert run_shape_of(fsdp1).fsdp_reshard_after_forward is True
+
+
+def run_shape_of(accelerate: dict):
+    from launch.memory import RunShape
+
+    return RunShape.from_configs(accelerate, {"max_length": 1024})

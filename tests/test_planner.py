@@ -72,10 +72,22 @@ def test_table_names_terms_settings_and_the_verdict(capsys):
 
 
 def test_offline_without_the_config_says_which_file_and_how_in_one_line(capsys):
-    rc, out, err = plan(capsys, "ring-cp-8gpu")
+    rc, out, err = plan(capsys, "ring-cp-8gpu", "--model", "Qwen/Qwen3-32B")  # no copy in docs/model_configs
     assert rc == 2 and "Traceback" not in err
     [line] = [line for line in err.splitlines() if line]
-    assert "config.json of Qwen/Qwen3-8B" in line and "hf download Qwen/Qwen3-8B config.json" in line
+    assert "config.json of Qwen/Qwen3-32B" in line and "hf download Qwen/Qwen3-32B config.json" in line
+
+
+def test_offline_fresh_clone_plans_from_the_shipped_model_config(capsys):
+    """The README's first planner command, offline with an empty hub cache: the recipe's model config is the copy
+    docs/model_configs/ ships (it used to fail like the test above)."""
+    from launch import hub
+
+    hub.read_model_config.cache_clear()
+    model = hub.read_model_config("Qwen/Qwen3-8B")
+    assert model.source == "shipped copy (docs/model_configs)" and model.config.num_hidden_layers == 36
+    rc, out, err = plan(capsys, "ring-cp-8gpu")
+    assert rc in (0, 1) and "Traceback" not in err and "Memory per GPU" in out
 
 
 @pytest.mark.parametrize("argv,fragment", [
@@ -97,3 +109,41 @@ def test_target_machine_options_change_the_plan(capsys):
     # ZeRO-3 shards the model states over the processes: fewer GPUs, more per GPU
     assert four["breakdown"]["optimizer states (Adam + fp32 master)"] == pytest.approx(
         2 * eight["breakdown"]["optimizer states (Adam + fp32 master)"], rel=1e-3)
+
+
+def test_lora_fits_one_24_gib_gpu_where_the_full_fine_tune_of_the_same_model_does_not(capsys, only_config):
+    """Issue 26: the planner knows adapters (a frozen bf16 base, gradients and Adam on the adapter only), so the LoRA
+    recipe's Qwen3-8B fits one 24 GiB GPU while zero3's full fine-tune of the same model does not."""
+    model = only_config(QWEN3_8B)
+    rc, out, err = plan(capsys, "lora", "--gpus", "1", "--gpu-memory", "24", "--model", model)
+    assert rc == 0, err
+    for fragment in ("frozen base parameters (no gradients)", "adapter parameters (LoRA A, B)", "Verdict: fits."):
+        assert fragment in out, fragment
+    rc, out, err = plan(capsys, "zero3", "--gpus", "1", "--gpu-memory", "24", "--model", model)
+    assert rc == 1 and "Verdict: does NOT fit." in out, err
+
+
+def test_fsdp2_plan_prints_its_sharded_terms(capsys, only_config):
+    rc, out, err = plan(capsys, "fsdp2", "--model", only_config(QWEN3_8B))
+    assert rc in (0, 1), err
+    for fragment in ("FSDP2 sharding (dp_shard x cp)", "gathered parameters", "optimizer states (Adam)", "Verdict:"):
+        assert fragment in out, fragment
+
+
+def test_qlora_fsdp_plan_prints_the_four_bit_base_and_fits_two_gpus(capsys, only_config):
+    rc, out, err = plan(capsys, "qlora-fsdp", "--model", only_config(MODEL_CONFIGS / "Qwen--Qwen2.5-72B-Instruct"))
+    assert rc == 0, err
+    for fragment in ("frozen base parameters (no gradients)", "4-bit nf4 base", "adapter parameters (LoRA A, B)",
+                     "FSDP1 sharding (dp_shard x cp)", "model loading, per node (1 whole copy; transient)",
+                     "Verdict: fits."):
+        assert fragment in out, fragment
+
+
+def test_offline_dry_run_says_the_rules_and_the_memory_table_it_skipped(capsys):
+    """A model whose config.json is neither cached nor shipped: the dry run's summary line names the rules it could
+    not check and that the memory table was skipped."""
+    rc = main(["ddp", "--dry-run", "--", "--model_name_or_path", "Qwen/Qwen3-32B"])
+    out = capsys.readouterr()
+    text = out.out + out.err
+    [line] = [line for line in text.splitlines() if "not read" in line and "not checked" in line]
+    assert "the memory table (and the fit check) skipped" in line, line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -247,6 +248,13 @@ def test_sp_on_cpu_needs_equal_lengths():
     assert "gloo all-gathers only equal shapes" in msg and "set pad_to_multiple_of equal to max_length (128)" in msg
 
 
+def test_sp_on_cpu_synthetic_rows_are_equal_lengths_already():
+    """Synthetic rows are exactly max_length tokens (launch.rank.synthetic): `alst-ulysses-4gpu --synthetic --cpu`
+    is not refused by the equal-shapes rule (issue 28)."""
+    setup = sp_setup(synthetic=True, cpu=True)
+    assert not [m for m in messages(setup, facts(model_config=QWEN2_05B)) if "gloo all-gathers" in m]
+
+
 @shows(rules.sp_attention_supported)
 def test_sp_refuses_eager_attention():
     [msg] = messages(sp_setup(extra=["--attn_implementation", "eager"]), facts(model_config=QWEN2_05B))
@@ -471,3 +479,131 @@ def test_a_run_predicted_not_to_fit_the_gpus_is_refused_with_the_way_out():
     [msg] = [m for m in msgs if "The planner predicts" in m]
     assert "GiB per GPU and the GPUs here have 79.1 GiB" in msg and "--force starts it anyway" in msg
     assert "--max-length auto" in msg
+
+
+# ---- FSDP2 (issue 25) and adapters (issue 26) ----------------------------------------------------------------------
+@shows(rules.fsdp2_without_fsdp1_settings)
+def test_fsdp1_settings_under_fsdp2_are_refused(tmp_path):
+    acc = yaml.safe_load(find_recipe("fsdp2").accelerate_config_path.read_text())
+    acc["fsdp_config"].update(fsdp_sharding_strategy="HYBRID_SHARD", fsdp_forward_prefetch=True)
+    setup = resolve(Options(recipe=str(make_recipe(tmp_path, base="fsdp2", accelerate=acc))))
+    msg = rules.fsdp2_without_fsdp1_settings(setup, facts())
+    assert "fsdp_sharding_strategy: HYBRID_SHARD (HSDP in FSDP2 is parallelism_config" in msg
+    assert "fsdp_forward_prefetch: true" in msg
+    assert rules.fsdp2_without_fsdp1_settings(resolve(Options(recipe="fsdp2")), facts()) is None
+
+
+@shows(rules.lora_rank_positive)
+def test_lora_rank_must_be_positive(tmp_path):
+    folder = make_recipe(tmp_path, base="ddp", config={"use_peft": True, "lora_r": 0})
+    msg = rules.lora_rank_positive(resolve(Options(recipe=str(folder))), facts())
+    assert "lora_r is 0" in msg and "positive integer" in msg
+    folder = make_recipe(tmp_path, base="ddp", config={"use_peft": True, "lora_r": 8}, name="ok")
+    assert rules.lora_rank_positive(resolve(Options(recipe=str(folder))), facts()) is None
+
+
+@shows(rules.lora_targets_match)
+def test_lora_targets_that_match_no_linear_layer_are_refused(tmp_path):
+    qwen3 = json.loads((MODEL_CONFIGS / "Qwen--Qwen3-8B" / "config.json").read_text())
+    folder = make_recipe(tmp_path, base="ddp", config={"use_peft": True, "lora_target_modules": ["query_key_value", "dense"]})
+    msg = rules.lora_targets_match(resolve(Options(recipe=str(folder))), facts(qwen3))
+    assert "lora_target_modules ['query_key_value', 'dense'] match none of the linear layers" in msg
+    assert "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head" in msg
+    for targets in (["all-linear"], ["q_proj", "v_proj"], [r".*\.mlp\..*_proj"]):
+        folder = make_recipe(tmp_path, base="ddp", config={"use_peft": True, "lora_target_modules": targets},
+                             name="ok-" + str(len(targets)) + targets[0][:3].replace("\\", "").replace("*", ""))
+        assert rules.lora_targets_match(resolve(Options(recipe=str(folder))), facts(qwen3)) is None, targets
+
+
+@shows(rules.quantized_base_shardable)
+def test_four_bit_base_under_fsdp_needs_a_float_storage_equal_to_the_load_dtype(tmp_path):
+    qlora = {"use_peft": True, "load_in_4bit": True, "use_bnb_nested_quant": True, "dtype": "bfloat16"}
+    setup = resolve(Options(recipe=str(make_recipe(tmp_path, base="fsdp2", config=qlora))))
+    msg = rules.quantized_base_shardable(setup, facts())
+    assert "bnb_4bit_quant_storage equal to the model's dtype (now uint8 and bfloat16)" in msg
+    ok = make_recipe(tmp_path, base="fsdp2", config={**qlora, "bnb_4bit_quant_storage": "bfloat16"}, name="ok")
+    assert rules.quantized_base_shardable(resolve(Options(recipe=str(ok))), facts()) is None
+    ddp = make_recipe(tmp_path, base="ddp", config=qlora, name="ddp")  # DDP keeps the base whole: any storage
+    assert rules.quantized_base_shardable(resolve(Options(recipe=str(ddp))), facts()) is None
+
+
+@shows(rules.quantized_base_on_cpu)
+def test_qlora_on_cpu_asks_the_one_answer(tmp_path, monkeypatch):
+    folder = make_recipe(tmp_path, base="ddp", config={"use_peft": True, "load_in_4bit": True})
+    setup = resolve(Options(recipe=str(folder), smoke=True, cpu=True))
+    monkeypatch.setattr(rules, "quantization_on_cpu_supported", lambda: False)
+    assert "bitsandbytes' quantized training does not run" in rules.quantized_base_on_cpu(setup, facts())
+    monkeypatch.setattr(rules, "quantization_on_cpu_supported", lambda: True)
+    assert rules.quantized_base_on_cpu(setup, facts()) is None
+
+
+def test_merge_problems_read_the_recorded_adapter():
+    """`launch merge` asks rules.merge_problems before loading anything (one function, shared with its tests)."""
+    from launch.adapter import Adapter
+
+    [msg] = rules.merge_problems({"adapter": None})
+    assert "trained the whole model" in msg and "nothing to merge" in msg
+    lora = Adapter.from_training({"use_peft": True}).identity()
+    assert rules.merge_problems({"adapter": lora}) == []
+    qlora = Adapter.from_training({"use_peft": True, "load_in_4bit": True}).identity()
+    [msg] = rules.merge_problems({"adapter": qlora})
+    assert "trained on a 4-bit base (qlora)" in msg
+    assert rules.merge_problems({"adapter": qlora}, allow_quantized=True) == []
+
+
+@shows(rules.qlora_fsdp_optimizer)
+def test_paged_adamw_8bit_with_qlora_under_fsdp_is_refused(tmp_path):
+    qlora = {"use_peft": True, "load_in_4bit": True, "bnb_4bit_quant_storage": "bfloat16", "dtype": "bfloat16",
+             "optim": "paged_adamw_8bit"}
+    setup = resolve(Options(recipe=str(make_recipe(tmp_path, base="fsdp2", config=qlora))))
+    assert "fails when the first checkpoint is saved" in rules.qlora_fsdp_optimizer(setup, facts())
+    ddp = make_recipe(tmp_path, base="ddp", config=qlora, name="ddp")
+    assert rules.qlora_fsdp_optimizer(resolve(Options(recipe=str(ddp))), facts()) is None
+
+
+def test_the_preflight_passes_a_lora_run_that_fits_and_stops_the_full_fine_tune_that_does_not(tmp_path):
+    """Issue 26: the memory rule reads the planner, which knows adapters: Qwen3-8B LoRA (2 x 4096 tokens per step and
+    GPU) fits one 24 GiB GPU, the same run as a full fine-tune does not."""
+    lora = {"use_peft": True, "lora_target_modules": ["all-linear"], "model_name_or_path": "Qwen/Qwen3-8B",
+            "dtype": "bfloat16", "max_length": 4096, "per_device_train_batch_size": 2, "attn_implementation": "sdpa"}
+    model = hub.read_model_config(str(MODEL_CONFIGS / "Qwen--Qwen3-8B"))
+    one_gpu = Target(1, 1, 24.0)
+    setup = resolve(Options(recipe=str(make_recipe(tmp_path, base="ddp", config=lora)), num_processes=1))
+    plan = plan_memory(setup, one_gpu, model=model)
+    assert rules.gpu_memory_fits(setup, facts(memory=plan, gpu_count=1)) is None
+    full = resolve(Options(recipe=str(make_recipe(tmp_path, base="ddp", config={**lora, "use_peft": False}, name="full")),
+                           num_processes=1))
+    msg = rules.gpu_memory_fits(full, facts(memory=plan_memory(full, one_gpu, model=model), gpu_count=1))
+    assert msg.startswith("The planner predicts") and "the GPUs here have 24.0 GiB" in msg
+
+
+@shows(rules.adapter_with_fsdp_activation_checkpointing)
+def test_an_adapter_under_fsdp_activation_checkpointing_is_refused(tmp_path):
+    """fsdp2's Accelerate config checkpoints the FSDP way: with an adapter the saved adapter would be empty."""
+    folder = make_recipe(tmp_path, base="fsdp2", config={"use_peft": True})
+    msg = rules.adapter_with_fsdp_activation_checkpointing(resolve(Options(recipe=str(folder))), facts())
+    assert "would hold 0 tensors, silently" in msg and "fsdp_activation_checkpointing: false" in msg
+    assert rules.adapter_with_fsdp_activation_checkpointing(resolve(Options(recipe="fsdp2")), facts()) is None
+
+
+def test_an_hsdp_mesh_that_does_not_use_the_processes_is_refused(tmp_path):
+    """FSDP2's HSDP mesh (dp_replicate x dp_shard) is checked by the one process-count rule, as every mesh is."""
+    acc = yaml.safe_load(find_recipe("fsdp2").accelerate_config_path.read_text())
+    acc["parallelism_config"] = {"parallelism_config_dp_replicate_size": 2, "parallelism_config_dp_shard_size": 3}
+    setup = resolve(Options(recipe=str(make_recipe(tmp_path, base="fsdp2", accelerate=acc))))
+    msg = rules.processes_fit_layout(setup, facts())
+    assert "(dp_replicate=2 x dp_shard=3 x tp=1 x cp=1 x sp=1 = 6) does not use 8 processes" in msg
+    assert rules.processes_fit_layout(resolve(Options(recipe=str(make_recipe(tmp_path, base="fsdp2", accelerate={
+        **acc, "parallelism_config": {"parallelism_config_dp_replicate_size": 2,
+                                      "parallelism_config_dp_shard_size": 4}}, name="hsdp")))), facts()) is None
+
+
+@pytest.mark.parametrize("name,model", [("lora", "Qwen--Qwen3-8B"), ("qlora-fsdp", "Qwen--Qwen2.5-72B-Instruct"),
+                                        ("fsdp2", "Qwen--Qwen3-8B"), ("fsdp2-70b", "Qwen--Qwen2.5-72B-Instruct")])
+def test_the_fsdp2_and_adapter_recipes_pass_their_rules(name, model):
+    """The issue-25/26 recipes' GPU defaults pass every rule about the run, their models' configs read (fsdp2-70b's
+    multi-node layout needs only its rendezvous address, which a real launch passes)."""
+    config = json.loads((MODEL_CONFIGS / model / "config.json").read_text())
+    report = rules.check(resolve(Options(recipe=name, main_process_ip="10.0.0.1" if name == "fsdp2-70b" else None)),
+                         facts(config))
+    assert report.problems == [] and report.skipped == [], (report.problems, report.skipped)

@@ -20,6 +20,12 @@ The terms of the phase that gives the peak are summed (`Term.counted`); the othe
 information. On top of the allocated peak, one global overhead model (see `OVERHEAD`): CUDA context, NCCL buffers
 and the caching allocator's reserve.
 
+Sharding follows the run's `Layout`: ZeRO partitions over all ranks but TP, FSDP1/FSDP2 shard over dp_shard x cp
+and replicate across dp_replicate (HSDP). An adapter run (`RunShape.adapter`, launch/adapter.py) trains only the
+adapter: its parameters get gradients and optimizer states, the base is frozen in its dtype or 4-bit
+(`adapters.py`). Host memory per node: offloaded states and checkpoints per process, and the transient whole-model
+copies that loading reads before training.
+
 Calibration (tests/test_memory.py) uses published measurements only, each with its source beside it.
 """
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launch.adapter import linear_module_names
+
+
 def _get(config, key, default=None):
     if isinstance(config, dict):
         return config.get(key, default)
@@ -70,6 +73,20 @@ class Architecture:
     @property
     def kv_dim(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    # ---- linear layers (what LoRA targets and bitsandbytes quantizes)
+    def linear_layers(self) -> dict[str, tuple[str, int, int]]:
+        """The nn.Linear modules of one decoder layer: suffix -> (parent path, in_features, out_features), as the
+        transformers modules of the dense families name them (LlamaAttention / Qwen2Attention / Qwen3Attention /
+        MistralAttention: `self_attn.{q,k,v,o}_proj`; LlamaMLP and kin: `mlp.{gate,up,down}_proj`)."""
+        h, q, kv, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
+        return {"q_proj": ("self_attn", h, q), "k_proj": ("self_attn", h, kv), "v_proj": ("self_attn", h, kv),
+                "o_proj": ("self_attn", q, h), "gate_proj": ("mlp", h, i), "up_proj": ("mlp", h, i),
+                "down_proj": ("mlp", i, h)}
+
+    def linear_module_names(self) -> list[str]:
+        """Every nn.Linear's full module name (`launch.adapter.linear_module_names`): what LoRA targets match."""
+        return linear_module_names(self.num_layers)
 
     # ---- parameter counts
     @property

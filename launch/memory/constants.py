@@ -13,7 +13,8 @@ F32 = 4  # bytes of an fp32 element
 #   that `torch.cuda.max_memory_allocated` does not count (typical nvidia-smi reading of an idle torch process on an
 #   H100 with lazy module loading: 0.4-0.6 GiB). A stated model parameter, not fitted.
 # NCCL_GIB: NCCL's communicator buffers (cudaMalloc'ed by NCCL itself, so also outside PyTorch's accounting) in a
-#   distributed run: NCCL_BUFFSIZE 4 MiB x channels x peers for the ring/tree protocols of one node. Stated, not fitted.
+#   distributed run: NCCL_BUFFSIZE 4 MiB x channels x peers for the ring/tree protocols of one node, PER COMMUNICATOR
+#   (a 2-D mesh makes one per dimension and a flattened one: `terms.nccl_communicators`). Stated, not fitted.
 # ALLOCATOR_RESERVE: the caching allocator's reserved-but-unallocated bytes at the peak (fragmentation), as a
 #   fraction of the allocated peak. 2%: bounded above by the calibration data itself -- the Ulysses blog's 1-GPU
 #   run peaked at 76.4 GiB allocated and ran on an H100 whose total capacity is 79.1 GiB, so its reserve was at most

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launch.memory import adapters
 from launch.memory.architecture import Architecture
 from launch.memory.constants import CPU_DEEPSPEED_ENGINE_GIB, CPU_RUNTIME_BASELINE_GIB, LOSSES, OVERHEAD, gib, pow2
 from launch.memory.results import Estimate, Term
 from launch.memory.run_shape import RunShape
 from launch.memory.terms import (checkpointed_input_bytes, comm_buffer_bytes, gathered_param_bytes, kernel_length_limits,
                                  layer_working_set_bytes, loss_bytes, model_state_bytes,
-                                 offloaded_activation_host_bytes, optimizer_step_bytes, stored_activation_bytes)
+                                 offloaded_activation_host_bytes, optimizer_step_bytes, stored_activation_bytes,
+                                 gradients_alive_at_loss, nccl_communicators, tied_embedding_backward_bytes)
 
-HOST_STATES = ("params_host", "params_host_pinned", "grads_host", "optim_host")
-PHASE_KEY = {"loss": "loss", "layer": "layer", "optimizer step": "step"}  # phase name -> the terms' phase argument
+HOST_STATES = ("params_host", "params_host_pinned", "grads_host", "optim_host", "frozen_host")
+PHASE_KEY = {"loss": "loss", "layer": "layer", "optimizer step": "step", "end of backward": "step"}  # phase name -> the terms' phase argument
 
 
 def estimate(arch: Architecture, run: RunShape) -> Estimate:
@@ -26,12 +28,16 @@ def estimate(arch: Architecture, run: RunShape) -> Estimate:
     overheads, total = _overheads(run, phases.allocated)
     host = _host_terms(arch, run, phases.states)
     host_proc = sum(t.gib for t in host)
+    host_node = host_proc * run.layout.processes_per_machine
+    if loading := _loading_term(arch, run):
+        host.append(loading)  # transient, before training: the node's peak is the larger of the two
+        host_node = max(host_node, loading.gib + CPU_RUNTIME_BASELINE_GIB * run.layout.processes_per_machine)
     return Estimate(
         gpu_terms=_device_terms(arch, run, phases) + overheads,
         host_terms=host,
         gpu_peak_gib=total,
         host_per_process_gib=host_proc,
-        host_per_node_gib=host_proc * run.layout.processes_per_machine,
+        host_per_node_gib=host_node,
         per_rank_length=run.layout.per_rank_length,
         allocated_peak_gib=total if run.device == "cpu" else gib(phases.allocated),
         peak_phase=phases.peak,
@@ -74,15 +80,26 @@ def _phases(arch: Architecture, run: RunShape) -> Phases:
     layer = layer_working_set_bytes(arch, run)["peak"]
     loss = loss_bytes(arch, run)["total"]
     step = optimizer_step_bytes(arch, run)
-    static = states["params_gpu"] + states["grads_gpu"] + states["optim_gpu"]
+    static = states["params_gpu"] + states["grads_gpu"] + states["optim_gpu"] + states["frozen_gpu"]
     if cpu:  # one process holds everything, host-side states included
-        static += states["params_host"] + states["params_host_pinned"] + states["grads_host"] + states["optim_host"]
+        static += sum(states[k] for k in HOST_STATES)
     activations = checkpointed + stored
-    phase_loss = static + activations + comm_buffer_bytes(arch, run, "loss") + gathered_param_bytes(arch, run, "loss")
-    phase_layer = (static + activations + comm_buffer_bytes(arch, run, "layer")
-                   + gathered_param_bytes(arch, run, "layer"))
+    # the loss runs before the backward has made any gradient (zero_grad sets them to None), unless they persist
+    grads_at_loss = 0.0 if gradients_alive_at_loss(run) else states["grads_gpu"]
+    phase_loss = (static - grads_at_loss + activations + comm_buffer_bytes(arch, run, "loss")
+                  + gathered_param_bytes(arch, run, "loss"))
+    # through the backward the gradients grow as the activations shrink: at the first layer's backward every
+    # layer's activations and only the LM head's gradient, at the last one every gradient and one layer's inputs;
+    # the worse end counts (when the gradients persist between steps, all of them count throughout)
+    held = static + activations
+    if grads_at_loss:
+        head = 0.0 if run.adapter is not None else grads_at_loss * arch.lm_head_params / arch.num_params
+        held = static - grads_at_loss + max(activations + head, grads_at_loss + activations / arch.num_layers)
+    phase_layer = held + comm_buffer_bytes(arch, run, "layer") + gathered_param_bytes(arch, run, "layer")
     totals = {"loss": phase_loss + loss, "layer": phase_layer + layer,
               "optimizer step": static + comm_buffer_bytes(arch, run, "step") + step}
+    if tied := tied_embedding_backward_bytes(arch, run):
+        totals["end of backward"] = static + comm_buffer_bytes(arch, run, "step") + tied
     return Phases(states, checkpointed, stored, layer, loss, step, totals)
 
 
@@ -90,7 +107,8 @@ def _phases(arch: Architecture, run: RunShape) -> Phases:
 def _zero_label(run: RunShape) -> str:
     if run.layout.sharding == "zero":
         return f"zero_stage {run.layout.zero_stage}"
-    return {"replicated": "DDP (replicated)", "fsdp": "FSDP2 sharding (dp_shard x cp)"}[run.layout.sharding]
+    return {"replicated": "DDP (replicated)",
+            "fsdp": f"{run.layout.kind.upper()} sharding (dp_shard x cp)"}[run.layout.sharding]
 
 
 def _length_setting(run: RunShape) -> str:
@@ -115,10 +133,18 @@ def _device_terms(arch: Architecture, run: RunShape, phases: Phases) -> list[Ter
     ds = run.layout.sharding == "zero"
     terms: list[Term] = []
     params_here = states["params_gpu"] + host_side["params_host"] + host_side["params_host_pinned"]
-    terms.append(Term("parameters", gib(params_here),
-                      f"{zl}" + (" / offload_param_device" if ds else "") + ", dtype", dev))
+    if run.adapter is not None:
+        q = run.adapter.quantization
+        base = (f"{q.bits}-bit {q.quant_type} base (load_in_4bit, use_bnb_nested_quant, bnb_4bit_quant_storage)"
+                if q and q.bits == 4 else "8-bit base (load_in_8bit)" if q else "dtype, or a 4-bit base (load_in_4bit)")
+        terms.append(Term("frozen base parameters (no gradients)", gib(states["frozen_gpu"] + host_side["frozen_host"]),
+                          f"{zl}, {base}" + (", fsdp_offload_params" if run.layout.sharding == "fsdp" else ""), dev))
+    terms.append(Term("parameters" if run.adapter is None else "adapter parameters (LoRA A, B)", gib(params_here),
+                      (f"{zl}" + (" / offload_param_device" if ds else "") + ", dtype") if run.adapter is None
+                      else f"{zl}, lora_r, lora_target_modules", dev))
     terms.append(Term("gradients", gib(states["grads_gpu"] + host_side["grads_host"]),
-                      f"{zl} / offload_optimizer_device" if ds else zl, dev))
+                      f"{zl} / offload_optimizer_device" if ds else zl, dev,
+                      peak != "loss" or gradients_alive_at_loss(run)))
     terms.append(Term("optimizer states" + (" (Adam + fp32 master)" if ds else " (Adam)"),
                       gib(states["optim_gpu"] + host_side["optim_host"]),
                       f"{zl} / offload_optimizer_device" if ds else zl, dev))
@@ -126,13 +152,14 @@ def _device_terms(arch: Architecture, run: RunShape, phases: Phases) -> list[Ter
     if gp:
         terms.append(Term("gathered parameters", gib(gp),
                           "stage3_max_live_parameters / stage3_max_reuse_distance" if ds
-                          else "fsdp_reshard_after_forward (one unit per layer)", dev, in_fwd_bwd))
+                          else ("fsdp_sharding_strategy" if run.layout.kind == "fsdp1" else "fsdp_reshard_after_forward")
+                          + " (one unit per layer)", dev, in_fwd_bwd))
     cb = comm_buffer_bytes(arch, run, PHASE_KEY[peak])
     if cb:
         terms.append(Term("communication buffers", gib(cb),
                           "reduce_bucket_size (DeepSpeed default 5e8 with an Accelerate YAML)" if ds
                           else "DDP bucket_cap_mb / gradient_as_bucket_view" if run.layout.sharding == "replicated"
-                          else "FSDP2 reduce-scatter of one layer", dev))
+                          else f"{run.layout.kind.upper()} reduce-scatter of one layer", dev))
     if run.gradient_checkpointing:
         where = "offloaded to host" if (run.offload_activations and not cpu) else f"offload with {_offload_knob(run)}"
         terms.append(Term("checkpointed activations (layer inputs)", gib(phases.checkpointed),
@@ -150,6 +177,9 @@ def _device_terms(arch: Architecture, run: RunShape, phases: Phases) -> list[Ter
                       f"{length_setting}; {', '.join(layer_knobs)}", dev, peak == "layer"))
     terms.append(Term("loss (LM head + cross-entropy)", gib(phases.loss),
                       f"{length_setting}; loss implementation ({run.loss})", dev, peak == "loss"))
+    if tied := tied_embedding_backward_bytes(arch, run):
+        terms.append(Term("tied embedding gradient (end of backward)", gib(tied), "tie_word_embeddings, dtype", dev,
+                          peak == "end of backward"))
     if phases.step:
         terms.append(Term("optimizer step temporaries", gib(phases.step),
                           "sub_group_size / offload_optimizer_device", dev, peak == "optimizer step"))
@@ -169,11 +199,13 @@ def _overheads(run: RunShape, allocated: float) -> tuple[list[Term], float]:
                               "measured bare-engine overhead (CPU_DEEPSPEED_ENGINE_GIB)", "host"))
             runtime += CPU_DEEPSPEED_ENGINE_GIB
         return terms, gib(allocated) + runtime
-    distributed = run.layout.world_size > 1
-    ctx = OVERHEAD["cuda_context_gib"] + (OVERHEAD["nccl_gib"] if distributed else 0.0)
+    communicators = nccl_communicators(run)  # NCCL's buffers: one allowance per communicator (2-D meshes: several)
+    distributed = communicators > 0
+    ctx = OVERHEAD["cuda_context_gib"] + OVERHEAD["nccl_gib"] * communicators
     reserve = OVERHEAD["allocator_reserve"] * gib(allocated)
-    terms = [Term("CUDA context" + (" + NCCL buffers" if distributed else ""), ctx, "fixed per process (OVERHEAD)",
-                  "gpu"),
+    terms = [Term("CUDA context" + (" + NCCL buffers" if distributed else ""), ctx,
+                  "fixed per process (OVERHEAD)" + (f"; {communicators} NCCL communicators (mesh dimensions)"
+                                                    if communicators > 1 else ""), "gpu"),
              Term("allocator reserve (fragmentation)", reserve, "PYTORCH_CUDA_ALLOC_CONF (global 2% model)", "gpu")]
     return terms, gib(allocated) + ctx + reserve
 
@@ -198,6 +230,9 @@ def _host_terms(arch: Architecture, run: RunShape, states: dict) -> list[Term]:
             pinned = pow2(pinned)
         host.append(Term("offloaded parameters (pinned)", gib(pinned + states["params_host"]),
                          "offload_param_device" if ds else "fsdp_offload_params", "host"))
+    if states["frozen_host"]:
+        host.append(Term("offloaded frozen base parameters", gib(states["frozen_host"]),
+                         "offload_param_device" if ds else "fsdp_offload_params", "host"))
     act = offloaded_activation_host_bytes(arch, run)
     if act:
         host.append(Term("offloaded checkpoints" + (" (pinned, power-of-two blocks)" if run.offload_pinned else ""),
@@ -205,6 +240,28 @@ def _host_terms(arch: Architecture, run: RunShape, states: dict) -> list[Term]:
     host.append(Term("process runtime (CPU-side, imports only)", CPU_RUNTIME_BASELINE_GIB,
                      "measured import baseline; CUDA libraries not included", "host"))
     return host
+
+
+def _loading_term(arch: Architecture, run: RunShape) -> Term | None:
+    """Host memory of one node while the model loads, before training (GPU runs): transformers' `from_pretrained`
+    without a device_map reads the weights into host memory in their load dtype (a QLoRA base quantized as it loads)
+    and the Trainer then moves them to the GPU, so every process of the node holds a whole copy at once; with FSDP's
+    `fsdp_cpu_ram_efficient_loading` only rank 0 does (the others start on the meta device and receive their shards,
+    accelerate/utils/fsdp_utils.py `fsdp2_load_full_state_dict`). DeepSpeed ZeRO-3 partitions while loading
+    (zero.Init): not counted. Listed per node, not in the per-process total."""
+    if run.device == "cpu" or (run.layout.sharding == "zero" and run.layout.zero_stage == 3):
+        return None
+    if run.adapter is not None:
+        frozen = adapters.frozen_bytes(arch, run)
+        copy = frozen["shardable"] + frozen["unshardable"]
+    else:
+        copy = arch.num_params * adapters.base_dtype_bytes(run)
+    copies = 1 if run.cpu_ram_efficient_loading else run.layout.processes_per_machine
+    how = "fsdp_cpu_ram_efficient_loading: rank 0 only" if run.cpu_ram_efficient_loading else (
+        "every process reads a whole copy" + ("; fsdp_cpu_ram_efficient_loading: rank 0 only"
+                                              if run.layout.sharding == "fsdp" else ""))
+    return Term(f"model loading, per node ({copies} whole cop{'y' if copies == 1 else 'ies'}; transient)",
+                gib(copies * copy), how, "host", counted=False)
 
 
 def _kernel_notes(arch: Architecture, run: RunShape) -> list[str]:

@@ -20,7 +20,8 @@ def format_table(est: Estimate, gpu_memory_gib: float, host_memory_gib: float | 
     if est.host_terms:
         lines.append("Host memory per process")
         for t in est.host_terms:
-            lines.append(f"  {t.name:<{w}}  {t.gib:8.2f}  {t.setting}")
+            mark = "" if t.counted else "  (before training; not in the per-process total)"
+            lines.append(f"  {t.name:<{w}}  {t.gib:8.2f}  {t.setting}{mark}")
         budget = f"budget {host_memory_gib:.1f} GiB" if host_memory_gib is not None else "no budget given"
         lines.append(f"  {'total per process':<{w}}  {est.host_per_process_gib:8.2f}")
         lines.append(f"  {'total per node':<{w}}  {est.host_per_node_gib:8.2f}  {budget}")

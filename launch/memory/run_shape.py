@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from launch.adapter import Adapter
 from launch.constants import CP_COMM_KEY
 from launch.layout import Layout, training_value
 from launch.switches import is_on
@@ -16,6 +17,18 @@ from launch.training_args import Checkpointing, checkpointing
 def _dtype_name(value) -> str:
     v = str(value or "float32").replace("torch.", "").lower()
     return {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(v, v)
+
+
+def _reshards(layout: Layout, fsdp: dict) -> bool:
+    """Whether FSDP frees each unit's gathered parameters after its forward. FSDP2: `fsdp_reshard_after_forward`, a
+    bool. FSDP1 spells it as its sharding strategy (`fsdp_sharding_strategy`, or an FSDP1 strategy name written as
+    `fsdp_reshard_after_forward`, Accelerate's FSDP_SHARDING_STRATEGY): FULL_SHARD and HYBRID_SHARD reshard,
+    SHARD_GRAD_OP and HYBRID_SHARD_ZERO2 keep the parameters gathered until the backward."""
+    value = fsdp.get("fsdp_reshard_after_forward", True)
+    if layout.kind == "fsdp1":
+        strategy = str(fsdp.get("fsdp_sharding_strategy") or (value if isinstance(value, str) else "FULL_SHARD"))
+        return strategy.upper() not in ("SHARD_GRAD_OP", "HYBRID_SHARD_ZERO2", "2", "5")
+    return is_on(value)
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,11 @@ class RunShape:
     offload_pin_memory: bool = False  # offload_optimizer / offload_param `pin_memory` (DeepSpeed default False)
     # FSDP2
     fsdp_reshard_after_forward: bool = True
+    # LoRA / QLoRA (launch.adapter, read once from the training arguments); None: a full fine-tune
+    adapter: Adapter | None = None
+    # FSDP's `fsdp_cpu_ram_efficient_loading`: rank 0 alone reads the weights into host memory, the others start on
+    # the meta device and receive their shards by broadcast
+    cpu_ram_efficient_loading: bool = False
 
     def __post_init__(self):
         if not self.layout.max_length:
@@ -137,7 +155,9 @@ class RunShape:
             loss=loss,
             cp_comm_strategy=str(pc.get(CP_COMM_KEY, "allgather") or "allgather"),
             liger_kernels=is_on(training.get("use_liger_kernel", False)) and not cpu,
-            fsdp_reshard_after_forward=is_on(fsdp.get("fsdp_reshard_after_forward", True)),
+            fsdp_reshard_after_forward=_reshards(layout, fsdp),
+            adapter=Adapter.from_training(training),
+            cpu_ram_efficient_loading=layout.sharding == "fsdp" and is_on(fsdp.get("fsdp_cpu_ram_efficient_loading")),
         )
 
     @classmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from launch.memory import adapters
 from launch.memory.architecture import Architecture
 from launch.memory.constants import F32, INT32_ELEMENTS, TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK, pow2
 from launch.memory.run_shape import RunShape
@@ -15,6 +16,8 @@ def _param_bytes(run: RunShape) -> int:
     """Bytes per element of the parameters as they are trained: DeepSpeed with bf16/fp16 casts the module to 16 bits
     (fp32 master in the optimizer); DDP keeps the loaded dtype (a bf16 model trains pure bf16 under autocast);
     FSDP2 under Accelerate's mixed precision keeps its shards in fp32 (see `fsdp2_sharded_bytes_per_param`)."""
+    if run.adapter is not None and run.layout.sharding != "zero":
+        return adapters.adapter_dtype_bytes(run)  # the trainable parameters are the adapter's
     if run.device == "cpu":
         return 4
     if run.layout.sharding == "zero":
@@ -27,6 +30,10 @@ def fsdp2_sharded_bytes_per_param(run: RunShape) -> int:
     parameter is upcast to fp32 before `fully_shard` ("FSDP upcast of low precision parameters to fp32"), and
     MixedPrecisionPolicy(param_dtype=bf16) only casts the all-gathered copy. So the shard is fp32 even for a model
     loaded in bf16; without mixed precision it keeps the loaded dtype."""
+    if run.adapter is not None:
+        # Accelerate skips the upcast when the model holds bitsandbytes 4-bit weights (`model_has_params4bit`), and
+        # TRL has cast a quantized model's adapter to bf16; an unquantized model's adapter is fp32 already (PEFT)
+        return adapters.adapter_dtype_bytes(run)
     if run.device == "cpu" or run.mixed_precision != "no":
         return 4
     return 2 if run.weights_dtype in ("bfloat16", "float16") else 4
@@ -49,12 +56,22 @@ def model_state_bytes(arch: Architecture, run: RunShape) -> dict:
       Parameters under `stage3_param_persistence_threshold` (norms, biases) stay whole on every rank.
     FSDP2 (Accelerate): fp32 shards (see `fsdp2_sharded_bytes_per_param`), fp32 sharded gradients, fp32 Adam,
       over the dp_shard x cp mesh; `fsdp_offload_params` keeps all three on the host.
+    Adapters (`run.adapter`): the three above count the adapter's parameters only (`adapters.trainable_params`);
+      the frozen base is `frozen_gpu` / `frozen_host` (no gradient, no optimizer state), sharded as parameters are
+      (FSDP and ZeRO-3 over the shard group, whole under DDP and ZeRO-1/2; see `adapters.frozen_bytes`).
     """
-    P = arch.num_params
+    P = adapters.trainable_params(arch, run)
     p = _param_bytes(run)
     W = run.layout.shard_group
     out = {"params_gpu": 0.0, "grads_gpu": 0.0, "optim_gpu": 0.0, "params_host": 0.0, "grads_host": 0.0,
-           "optim_host": 0.0, "params_host_pinned": 0.0}
+           "optim_host": 0.0, "params_host_pinned": 0.0, "frozen_gpu": 0.0, "frozen_host": 0.0}
+    frozen = adapters.frozen_bytes(arch, run)
+    shards = run.layout.sharding == "fsdp" or (run.layout.sharding == "zero" and run.layout.zero_stage == 3)
+    frozen_per_rank = frozen["shardable"] / (W if shards else 1) + frozen["unshardable"]
+    if run.layout.offload_params and shards:
+        out["frozen_host"] = frozen_per_rank
+    else:
+        out["frozen_gpu"] = frozen_per_rank
     if run.layout.sharding == "replicated":
         out.update(params_gpu=p * P, grads_gpu=p * P, optim_gpu=2 * p * P)
         return out
@@ -77,7 +94,7 @@ def model_state_bytes(arch: Architecture, run: RunShape) -> dict:
     # reuses an fp32 partition that already lives on the optimizer's device (stage3.py `_create_fp32_partitions`)
     master = 0 if (stage == 3 and p == 4 and not run.layout.offload_optimizer) else 4
     adam = 8
-    small = arch.small_params
+    small = arch.small_params if run.adapter is None else 0  # an adapter's own norms and biases: none
     if stage == 1:
         out["params_gpu"] = p * P
         out["grads_gpu"] = g * P
@@ -129,12 +146,15 @@ def gathered_param_bytes(arch: Architecture, run: RunShape, phase: str) -> float
         live = max(run.max_live_parameters, arch.lm_head_params + 2 * arch.params_per_layer)
         return a * min(arch.num_params, live)
     if run.layout.sharding == "fsdp":
+        # adapters: a layer's frozen weights as stored (4-bit packed under QLoRA) + its share of the adapter
+        layer = (a * arch.params_per_layer if run.adapter is None else adapters.frozen_layer_bytes(arch, run)
+                 + a * adapters.trainable_params(arch, run) / arch.num_layers)
+        outside = a * (arch.num_params - arch.num_layers * arch.params_per_layer)  # embeddings, final norm, LM head
         if not run.fsdp_reshard_after_forward:
-            return a * arch.num_params  # every unit stays gathered from its forward to its backward
-        n = 2 * arch.params_per_layer
+            return arch.num_layers * layer + outside  # every unit stays gathered from its forward to its backward
         if phase == "loss":
-            n = arch.params_per_layer + arch.lm_head_params + arch.hidden_size
-        return a * n
+            return layer + a * (arch.lm_head_params + arch.hidden_size)
+        return 2 * layer
     return 0.0
 
 
@@ -142,7 +162,7 @@ def comm_buffer_bytes(arch: Architecture, run: RunShape, phase: str) -> float:
     """Gradient-reduction buffers on a GPU at a phase ("loss", "layer" or "step").
 
     DDP: the reducer's flat buckets, one persistent copy of all gradients in the parameter dtype
-      (gradient_as_bucket_view=False, Accelerate's default).
+      (gradient_as_bucket_view=False, Accelerate's default); none with one process (no DDP wrapper).
     DeepSpeed ZeRO-1/2 (stage_1_and_2.py `setup_buckets`): one `reduce_bucket_size` buffer in the gradient dtype (two
       with overlap_comm, off by default for stages 1-2); during the backward also one layer's 16-bit gradients
       before they are copied in.
@@ -158,13 +178,15 @@ def comm_buffer_bytes(arch: Architecture, run: RunShape, phase: str) -> float:
     the gradients that stream through it.
     """
     a = 2 if run.mixed_precision in ("bf16", "fp16") and run.device != "cpu" else 4
-    P = arch.num_params
-    layer = arch.params_per_layer
+    P = adapters.trainable_params(arch, run)  # only parameters with gradients are reduced
+    layer = P / arch.num_layers if run.adapter is not None else arch.params_per_layer
     bucket = run.reduce_bucket_size
     if run.device == "cpu":
         bucket = min(bucket, P)
     if run.layout.sharding == "replicated":
-        return _param_bytes(run) * P
+        # Accelerate wraps the model in DDP only with more than one process (`prepare_model`: MULTI_GPU and
+        # num_processes > 1): one process has no reducer and no buckets
+        return _param_bytes(run) * P if run.layout.world_size > 1 else 0.0
     if run.layout.sharding == "fsdp":
         return a * 2 * layer if phase == "layer" else 0.0
     if run.layout.sharding == "zero":
@@ -221,19 +243,28 @@ def layer_saved_bytes_per_token(arch: Architecture, run: RunShape) -> dict:
     qd, kvd = arch.q_dim, _kv_dim_attention(arch, run)
     nh = arch.num_attention_heads
     liger = run.liger_kernels
-    norm_extra = 0 if liger else (F32 * H if a < 4 else 0) + a * H
+    # A frozen base (an adapter run) saves nothing for weight gradients: autograd keeps a matmul's or a multiply's
+    # input only when the other operand requires grad, so the norms' normalised tensors (kept for the norm weights'
+    # grads) and the linears' inputs (kept for their weights' grads) go; LoRA keeps its own copies (see
+    # `adapters.lora_saved_bytes_per_token`).
+    frozen = run.adapter is not None
+    norm_extra = 0 if liger else (F32 * H if a < 4 else 0) + (0 if frozen else a * H)
     attn = {}
     x0_alive = (liger or run.checkpoint_reentrant) and (run.offload_activations or not run.gradient_checkpointing)
     if x0_alive and run.gradient_checkpointing:
         attn["layer input (back from host)"] = a * H
     attn["input norm"] = norm_extra
-    attn["norm output"] = a * H
+    attn["norm output"] = 0 if frozen else a * H
     if arch.qk_norm:
         # transformers: the fp32 copy + normalised 16-bit q and k; Liger: the pre-norm q and k (saved as X)
         qk = qd + arch.kv_dim
         attn["q/k norms"] = a * qk if liger or a == F32 else (F32 + a) * qk
+        if frozen and not liger:
+            attn["q/k norms"] -= a * qk  # the normalised q and k kept for the q/k norm weights
     attn["q, k, v"] = a * (qd + 2 * kvd)
     attn["attention output + lse"] = a * qd + F32 * nh
+    if run.adapter is not None:
+        attn["LoRA paths (q/k/v/o)"] = adapters.lora_saved_bytes_per_token(arch, run, "self_attn")
     if run.uses_ulysses:
         attn["Ulysses local output"] = a * qd
     if run.attn_implementation == "eager":
@@ -244,9 +275,12 @@ def layer_saved_bytes_per_token(arch: Architecture, run: RunShape) -> dict:
     if liger:
         mlp["residual (saved by norm 2)"] = a * H
     mlp["post-attention norm"] = norm_extra
-    mlp["norm output"] = a * H
+    mlp["norm output"] = 0 if frozen else a * H
     if not run.tiled_mlp:
-        mlp["MLP intermediates"] = (3 if liger else 4) * a * I
+        # the product gate x up is kept by down_proj for its weight's gradient only
+        mlp["MLP intermediates"] = ((3 if liger else 4) - (1 if frozen else 0)) * a * I
+    if run.adapter is not None:
+        mlp["LoRA paths (gate/up/down)"] = adapters.lora_saved_bytes_per_token(arch, run, "mlp")
     if run.checkpoint_reentrant:
         mlp["recomputed layer output"] = a * H
     return {"attention": attn, "mlp": mlp}
@@ -309,6 +343,9 @@ def layer_working_set_bytes(arch: Architecture, run: RunShape, n_tokens: int | N
         ws += kv * (run.layout.cp + 1) if run.cp_comm_strategy == "allgather" else 2 * kv
         ws += F32 * (qd + 2 * arch.kv_dim) + 2 * F32 * 2 * arch.kv_dim
     peak_attn = (s_attn + held + grads + ws) * n
+    deq = adapters.dequantized_weight_bytes(arch, run)  # QLoRA: a 4-bit weight dequantized for its backward
+    peak_mlp += deq
+    peak_attn += deq
     if not run.gradient_checkpointing:
         # stored activations are counted separately (all layers); here only the backward's transients
         peak_mlp -= (s_attn + s_mlp) * n
@@ -362,7 +399,8 @@ def loss_bytes(arch: Architecture, run: RunShape, n_tokens: int | None = None) -
     else:  # fused_chunked: at its backward the norm output is gone (only the `hidden[mask]` copy is saved)
         per_token = norm_saved + a * H + 2 * F32 + F32 * H + a * H  # copy, log_z + entropy, grad_hidden fp32 + 16-bit
         tile = min(n, TRL_TOKEN_CHUNK) * min(V, TRL_VOCAB_CHUNK) * a if n > 0 else 0
-        fixed = tile + F32 * V * H + p * V * H
+        # grad_weight only when the LM head trains (`ctx.needs_input_grad`): not under an adapter that leaves it frozen
+        fixed = tile + ((F32 + p) * V * H if adapters.lm_head_trains(arch, run) else 0)
     return {"per_token": per_token, "fixed": fixed, "total": per_token * n + fixed}
 
 
@@ -376,7 +414,7 @@ def optimizer_step_bytes(arch: Architecture, run: RunShape) -> float:
     """
     if run.layout.sharding != "zero" or run.layout.offload_optimizer:
         return 0.0
-    part = arch.num_params / run.layout.shard_group
+    part = adapters.trainable_params(arch, run) / run.layout.shard_group
     if run.layout.zero_stage == 3:
         p = _param_bytes(run)
         return (p + (F32 if p < F32 else 0)) * min(run.sub_group_size, part)
@@ -413,3 +451,43 @@ def kernel_length_limits(arch: Architecture, run: RunShape) -> list[tuple[str, i
         out.append(("Liger kernels index tokens x hidden with int32 (Liger-Kernel #803)",
                     per_rank * layout.cp * layout.sp))
     return out
+
+
+# =====================================================================================================================
+# When the gradients exist (checked against `python -m launch plan --trace`, launch/memory/trace.py)
+# =====================================================================================================================
+def gradients_alive_at_loss(run: RunShape) -> bool:
+    """Whether the parameter gradients exist while the loss is computed. The Trainer zeroes them with
+    `model.zero_grad()` (set_to_none=True) after every optimizer step, so with one micro-batch per step the forward
+    and the loss run without them (they reappear layer by layer through the backward). DeepSpeed keeps its own
+    gradient buffers (partitions, IPG bucket) from step to step; gradient accumulation keeps them between
+    micro-batches; on CPU a freed page stays in the resident set (the peak RSS is a high-water mark)."""
+    return not (run.device == "gpu" and run.layout.sharding in ("replicated", "fsdp")
+                and run.layout.gradient_accumulation_steps == 1)
+
+
+def tied_embedding_backward_bytes(arch: Architecture, run: RunShape) -> float:
+    """End of the backward with an LM head tied to the embeddings (DDP or one process, the embedding trained): the
+    tied weight's gradient reaches its `.grad` once, after both uses, so the LM head's gradient [vocab, hidden]
+    waits in autograd's input buffer until the embedding's backward returns its own, and the two are summed. On a
+    GPU the sum is in place (torch/csrc/autograd/input_buffer.cpp `accumulate`: the buffer holds the only
+    reference), so one [vocab, hidden] copy beyond the gradients term. (Fake tensors count as tensor subclasses
+    there and are summed out of place: `--trace` shows one copy more.)"""
+    if not arch.tie_word_embeddings or run.layout.sharding != "replicated" or run.adapter is not None:
+        return 0.0
+    return _param_bytes(run) * arch.embedding_params
+
+
+def nccl_communicators(run: RunShape) -> int:
+    """NCCL communicators a process creates, each with its own buffers (cudaMalloc'ed by NCCL, outside PyTorch): one
+    per mesh dimension larger than 1 (DeviceMesh makes a process group per dimension; NCCL initialises it at its
+    first collective), plus the flattened group a 2-D layout also collects over (Accelerate's `dp_shard_cp` for FSDP2
+    over dp_shard x cp; HSDP's whole data-parallel group dp_replicate x dp_shard). One for any distributed run
+    without a mesh beyond one dimension; none for one process."""
+    if run.layout.world_size <= 1:
+        return 0
+    sizes = {k: int(run.layout.mesh.get(k, 1) or 1) for k in ("dp_replicate", "dp_shard", "tp", "cp", "sp")}
+    n = sum(1 for v in sizes.values() if v > 1)
+    if (sizes["dp_shard"] > 1 and sizes["cp"] > 1) or (sizes["dp_replicate"] > 1 and sizes["dp_shard"] > 1):
+        n += 1
+    return max(n, 1)
