@@ -25,8 +25,8 @@ RECIPES = recipe_names()
 ACCELERATE_CONFIGS = sorted((RECIPES_DIR.parent / "accelerate_configs").glob("*.yaml"))
 # The recipes this repository ships, each kept a marked copy of templates/train.py. Any other folder under recipes/
 # is yours: a copy, or a fork (its `# Copied from` line deleted), which these tests accept as they accept ours.
-SHIPPED = ("alst-ulysses-4gpu", "alst-ulysses-8gpu", "ddp", "ring-cp-2gpu", "ring-cp-4gpu", "ring-cp-8gpu", "zero1",
-           "zero2", "zero3", "zero3-offload")
+SHIPPED = ("alst-ulysses-4gpu", "alst-ulysses-8gpu", "ddp", "fsdp2", "fsdp2-70b", "lora", "qlora-fsdp",
+           "ring-cp-2gpu", "ring-cp-4gpu", "ring-cp-8gpu", "zero1", "zero2", "zero3", "zero3-offload")
 
 
 def test_recipes_exist():
