@@ -3,8 +3,8 @@ on the Trainer's own `train_runtime` (trainer_state.json), which neither variant
 
     python benchmarks/bench_overhead.py [--recipe ddp] [--pairs 5] [--max-steps 40]
 
-A benchmark, not a test: it prints the medians, the spread and the overhead with the machine it ran on. On a busy
-machine the run-to-run spread can exceed the overhead; the spread is printed so that the figure can be read.
+A benchmark, not a test: it prints the median of the paired ratios (each pair runs back to back, so a drift of the
+machine's load cancels within a pair), their spread and range, with the machine it ran on.
 """
 
 from __future__ import annotations
@@ -33,6 +33,13 @@ def run(recipe: str, bench: bool, max_steps: int, out: Path) -> float:
     return next(h["train_runtime"] for h in reversed(history) if "train_runtime" in h)
 
 
+def paired_ratios(plain: list[float], bench: list[float]) -> list[float]:
+    """--bench / plain train_runtime of each pair (the i-th runs of both variants ran back to back)."""
+    if len(plain) != len(bench):
+        raise ValueError("unpaired runs")
+    return [b / p for p, b in zip(plain, bench)]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--recipe", default="ddp")
@@ -45,12 +52,16 @@ def main() -> int:
         for bench in ((False, True) if i % 2 == 0 else (True, False)):  # alternate the order against drift
             times[bench].append(run(ns.recipe, bench, ns.max_steps, root / f"{i}-{int(bench)}"))
             print(f"pair {i + 1}: {'--bench' if bench else 'plain  '} train_runtime {times[bench][-1]:.3f} s", flush=True)
-    plain, bench = statistics.median(times[False]), statistics.median(times[True])
-    spread = max(statistics.pstdev(times[False]), statistics.pstdev(times[True])) / plain
+    # each pair ran back to back, so the machine's load drifts between pairs, not within one: compare the pairs'
+    # own ratios (their median and spread), not the medians of the two unpaired columns
+    ratios = paired_ratios(times[False], times[True])
+    overhead = statistics.median(ratios) - 1
+    spread = statistics.pstdev(ratios) if len(ratios) > 1 else 0.0
     print(f"\n{ns.recipe} smoke on CPU, {ns.max_steps} steps, {ns.pairs} pairs, {os.cpu_count()} cores, "
           f"{platform.processor() or platform.machine()}")
-    print(f"median train_runtime: plain {plain:.3f} s, --bench {bench:.3f} s: overhead {100 * (bench - plain) / plain:+.1f}% "
-          f"(run-to-run spread {100 * spread:.1f}%)")
+    print(f"median of the {len(ratios)} paired ratios (--bench / plain train_runtime): overhead {100 * overhead:+.1f}% "
+          f"(spread of the ratios {100 * spread:.1f}%; lowest {100 * (min(ratios) - 1):+.1f}%, highest "
+          f"{100 * (max(ratios) - 1):+.1f}%)")
     return 0
 
 

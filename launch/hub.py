@@ -16,9 +16,11 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlparse
 
+from launch import REPO_ROOT
+
 PROBE_TIMEOUT_S = 3.0
 # config.json of each model the recipes name, as <org>--<name>/config.json: the planner's answer offline
-SHIPPED_CONFIGS = Path(__file__).resolve().parent.parent / "docs" / "model_configs"
+SHIPPED_CONFIGS = REPO_ROOT / "docs" / "model_configs"
 
 
 @dataclass

@@ -125,3 +125,16 @@ def describe(plan: MemoryPlan) -> str:
     lines.append(memory.format_table(plan.estimate, t.gpu_memory_gib, t.host_memory_gib))
     lines.append("Predicted by the memory model (launch/memory/), not measured; `--bench` on a run measures it.")
     return "\n".join(lines)
+
+
+def trace_plan(plan: MemoryPlan, setup) -> tuple[str, dict]:
+    """`plan --trace`: one step of the run's real model traced under fake tensors (`launch.memory.trace`), as the
+    text printed under the plan and its JSON. A layout that cannot be traced gives its one-line reason."""
+    from launch.memory import trace
+
+    why = trace.untraceable(plan.run)
+    if why:
+        return f"Not traced: {why}.", {"untraced": [why]}
+    model = hub.read_model_config(setup.training.get("model_name_or_path"))
+    traced = trace.trace(model.config, plan.run, analytic=plan.estimate)
+    return trace.format_comparison(traced, plan.estimate), trace.compare(traced, plan.estimate)

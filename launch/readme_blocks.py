@@ -33,7 +33,7 @@ def rules_table(features: tuple[str, ...]) -> str:
     return "\n".join(rows) + "\n"
 
 
-MODEL_CONFIGS = REPO_ROOT / "docs" / "model_configs"
+MODEL_CONFIGS = hub.SHIPPED_CONFIGS
 
 
 def fits_on(folder: Path) -> str:
@@ -56,8 +56,9 @@ def fits_on(folder: Path) -> str:
     host = f"; host memory {est.host_per_node_gib:,.0f} GiB per node" + (
         f" (most of it: {biggest.name})" if biggest is not None and est.host_per_node_gib >= 16 else "")
     verdict = "fits" if plan.fits else "DOES NOT FIT"
+    machines = f"{target.nodes} machines x " if target.nodes > 1 else ""
     return (f"**Fits on** ({verdict}; predicted by `python -m launch plan` for this folder, not measured): "
-            f"{target.gpus_per_node} x 80 GB GPUs ({target.gpu_memory_gib:g} GiB each) with "
+            f"{machines}{target.gpus_per_node} x 80 GB GPUs ({target.gpu_memory_gib:g} GiB each) with "
             f"{est.gpu_peak_gib:.1f} GiB per GPU at max_length {plan.max_length:,} ({est.per_rank_length:,} tokens per "
             f"rank; largest term: {est.largest_gpu_term().name}){host}; the longest max_length that fits: "
             f"{longest:,}.\n")
@@ -141,11 +142,41 @@ def timings(body: str | None) -> str:
     return "\n".join(rows) + "\n"
 
 
+TRACE_TABLE = REPO_ROOT / "docs" / "trace-table.json"
+
+
+def trace_table(body: str | None) -> str:
+    """Every recipe's GPU default, analytic and traced, as `benchmarks/trace_table.py` last measured it."""
+    rel = TRACE_TABLE.relative_to(REPO_ROOT)
+    if not TRACE_TABLE.is_file():
+        return f"No traces recorded yet: `python benchmarks/trace_table.py` writes them into `{rel}`.\n"
+    data = json.loads(TRACE_TABLE.read_text())
+    rows = [f"Measured by `python benchmarks/trace_table.py` on {data['date'][:10]} ({data['host']['cpus']} CPU cores, "
+            f"load average {data['load_average']:.1f} at the start; `{rel}` holds every category). Allocated peak "
+            "per GPU in GiB (what `torch.cuda.max_memory_allocated` reports: without the CUDA context, NCCL and the "
+            "allocator's reserve, which neither side can see); ratio = traced / analytic.", "",
+            "| recipe | tokens per rank | analytic (GiB) | traced (GiB) | ratio | wall (s) |",
+            "|---|---|---|---|---|---|"]
+    for r in data["recipes"]:
+        if "error" in r:
+            rows.append(f"| `{r['recipe']}` | | | error: {r['error']} | | |")
+            continue
+        tokens = f"{r['per_rank_length']:,}"
+        if "ratio" in r:
+            rows.append(f"| `{r['recipe']}` | {tokens} | {r['analytic_allocated_gib']:.2f} | "
+                        f"{r['traced_allocated_gib']:.2f} | {r['ratio']:.2f} | {r['wall_s']:.0f} |")
+        else:
+            rows.append(f"| `{r['recipe']}` | {tokens} | {r['analytic_allocated_gib']:.2f} | "
+                        f"not traced: {r['untraced']} | | |")
+    return "\n".join(rows) + "\n"
+
+
 # name -> function(the block as it stands when checking, None when syncing) -> the block's text
 PAGE_GENERATORS = {
     "recipe-table": recipe_table,
     "floors": lambda body: floors.floor_table(),
     "timings": timings,
+    "trace-table": trace_table,
 }
 
 

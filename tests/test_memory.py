@@ -875,7 +875,6 @@ def test_one_process_has_no_ddp_bucket_and_qwen3_8b_fits_at_2k():
 def test_gradients_are_none_until_the_backward_makes_them():
     """zero_grad(set_to_none=True) after every step: the loss phase holds no gradients (one micro-batch per step,
     DDP / FSDP2 on a GPU); gradient accumulation keeps them; DeepSpeed keeps its buffers."""
-    q8 = ARCH["Qwen/Qwen3-8B"]
     run = run_shape(kind="ddp", world_size=8, weights_dtype="bfloat16", mixed_precision="bf16", max_length=2048,
                     attn_implementation="sdpa", gradient_checkpointing=True)
     assert not terms.gradients_alive_at_loss(run)

@@ -142,7 +142,7 @@ def test_qlora_fsdp_plan_prints_the_four_bit_base_and_fits_two_gpus(capsys, only
 def test_offline_dry_run_says_the_rules_and_the_memory_table_it_skipped(capsys):
     """A model whose config.json is neither cached nor shipped: the dry run's summary line names the rules it could
     not check and that the memory table was skipped."""
-    rc = main(["ddp", "--dry-run", "--", "--model_name_or_path", "Qwen/Qwen3-32B"])
+    main(["ddp", "--dry-run", "--", "--model_name_or_path", "Qwen/Qwen3-32B"])  # exit status: other problems too
     out = capsys.readouterr()
     text = out.out + out.err
     [line] = [line for line in text.splitlines() if "not read" in line and "not checked" in line]

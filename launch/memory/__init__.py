@@ -14,7 +14,10 @@ A training step goes through phases that never overlap in time, so the peak is t
 - the *layer* phase (backward through the decoder): the same static terms and checkpoints, plus the working set of
   ONE layer's recomputation and backward (every tensor that layer saves for its backward, plus the gradients and
   kernel workspaces alive at the worst moment of its backward);
-- the *optimizer step*: model states plus the step's temporaries (activations are gone by then).
+- the *optimizer step*: model states plus the step's temporaries (activations are gone by then);
+- the *end of backward* (a tied LM head under DDP): model states plus the embedding's gradient summed into the LM
+  head's. With one micro-batch per step (DDP / FSDP2) the gradients are None until the backward makes them, so the
+  loss phase holds none and the layer phase the worse of its two ends (`launch/memory/trace.py` measured it).
 
 The terms of the phase that gives the peak are summed (`Term.counted`); the other phase's term is listed for
 information. On top of the allocated peak, one global overhead model (see `OVERHEAD`): CUDA context, NCCL buffers

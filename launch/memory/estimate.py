@@ -16,7 +16,8 @@ from launch.memory.terms import (checkpointed_input_bytes, comm_buffer_bytes, ga
                                  gradients_alive_at_loss, nccl_communicators, tied_embedding_backward_bytes)
 
 HOST_STATES = ("params_host", "params_host_pinned", "grads_host", "optim_host", "frozen_host")
-PHASE_KEY = {"loss": "loss", "layer": "layer", "optimizer step": "step", "end of backward": "step"}  # phase name -> the terms' phase argument
+# phase name -> the terms' phase argument
+PHASE_KEY = {"loss": "loss", "layer": "layer", "optimizer step": "step", "end of backward": "step"}
 
 
 def estimate(arch: Architecture, run: RunShape) -> Estimate:

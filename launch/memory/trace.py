@@ -4,7 +4,8 @@ The analytic model (`launch.memory.estimate`) is the fast path that `plan`, `--d
 module is its measurement. It builds the model from its config.json with transformers under
 `torch._subclasses.fake_tensor.FakeTensorMode` (no storage, no kernel computes, every allocation has its real shape
 and dtype), applies the run's wrapping for ONE rank of its layout, runs one step's forward, backward and AdamW step
-and reads the per-category peak off `torch.distributed._tools.mem_tracker.MemTracker`. What it reproduces of a GPU run, and how:
+and reads the per-category peak off `torch.distributed._tools.mem_tracker.MemTracker`. What it reproduces of a GPU
+run, and how:
 
 - the model as the run loads it (`dtype`, SDPA), gradient checkpointing (non-reentrant, as transformers and the
   Trainer set it) and its offload: transformers' `save_on_cpu(pin_memory=True)` is replaced by hooks that move each
@@ -16,15 +17,17 @@ and reads the per-category peak off `torch.distributed._tools.mem_tracker.MemTra
   `device="cpu"` run keeps the fallbacks, as a CPU run does;
 - torch's fused AdamW with its states created before the traced step (the steady state of step 2 onwards), and
   with gradient accumulation the earlier micro-batches' gradients too;
-- FSDP2 (`fully_shard` per decoder layer and at the root, Accelerate's fp32 upcast and bf16 MixedPrecisionPolicy)
-  over a fake process group of the run's shard-group size; DDP: one rank's model states plus the reducer's bucket
-  copy of the gradients, which fake tensors cannot see (the C++ reducer allocates it), taken from the analytic term.
+- FSDP2 (`fully_shard` per decoder layer, on the embedding, on Accelerate's tail unit and at the root, with
+  Accelerate's fp32 upcast and bf16 MixedPrecisionPolicy) over a fake process group of the run's shard-group size;
+  DDP: one rank's model states plus the reducer's bucket copy of the gradients, which fake tensors cannot see (the
+  C++ reducer allocates it), taken from the analytic term.
 
-Fake tensors live on the CPU device (a CPU build of torch cannot make fake CUDA tensors), so the attention kernel
-traced is SDPA's CPU flash kernel, whose saved tensors (output + fp32 log-sum-exp) are those of the CUDA flash and
-cuDNN kernels. What cannot be traced is said, never approximated: DeepSpeed engines (real collectives and C++
-buffers in their hooks), Ulysses SP (DeepSpeed's all-to-all), and the kernels' own memory outside PyTorch (the CUDA
-context, NCCL buffers, the allocator's fragmentation): the analytic terms stay for those, labelled.
+Fake tensors live on the CPU device (a CPU build of torch cannot make fake CUDA tensors, "PyTorch is not linked with
+support for cuda devices"), so SDPA is replaced by what the CUDA flash kernel allocates (`_FlashAttention`: the CPU
+kernel takes the quadratic math path for grouped-query attention), and transformers' packed-row detection, which
+fake tensors cannot answer, by "one sequence per row". What cannot be traced is said, never approximated
+(`untraceable`), and the memory outside PyTorch (the CUDA context, NCCL buffers, the allocator's fragmentation)
+keeps its analytic terms, labelled.
 """
 
 from __future__ import annotations
@@ -36,8 +39,6 @@ from dataclasses import dataclass, field
 from launch.memory.constants import GIB
 from launch.memory.run_shape import RunShape
 
-# MemTracker's categories (torch.distributed._tools.mem_tracker._MemRefType values) in the order the report prints
-CATEGORIES = ("Parameter", "Buffer", "Gradient", "Optstate", "Activation", "Temp", "Other")
 UNTRACED_GPU = ("CUDA context + NCCL buffers + allocator reserve: outside PyTorch's tensors, fake tensors do not "
                 "see them; the analytic terms are added, labelled")
 
