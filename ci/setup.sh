@@ -10,6 +10,9 @@
 #
 # torch is its CPU build (torch==<pin>+cpu in the lock), which is not on the package index: pip takes it from
 # a wheel directory it is already configured with (PIP_FIND_LINKS, pip.conf), else from PyTorch's CPU wheel page.
+# Every install of the lock is `pip install --require-hashes`: each file pip fetches (torch's CPU wheel included,
+# wherever it comes from) must have one of the sha256 hashes its lock entry lists, or nothing is installed. This
+# repository itself is installed editable afterwards, on its own (a local tree has no hash to check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -67,9 +70,17 @@ fi
 # The packages published as source only (the names in requirements/uv.toml) are built here without build
 # isolation, by the build backends of the lock, which are installed first; everything else is a wheel.
 source_only=$(sed -n 's/^name = "\(.*\)"$/\1/p' requirements/uv.toml | paste -sd, -)
-pip install --quiet --no-deps --only-binary=:all: -c "$LOCK" setuptools poetry-core
+# lock_entries LOCK NAME...: those entries of LOCK with their --hash lines (awk: launch.pins needs `packaging`,
+# which a new virtualenv does not have yet)
+lock_entries() {
+    awk -v names=" ${*:2} " '/^[^ #]/ { split($1, a, "=="); keep = index(names, " " tolower(a[1]) " ") > 0 }
+                             keep && !/^[[:space:]]*#/' "$1"
+}
+lock_entries "$LOCK" setuptools poetry-core > "$VENV/build-backends.lock"
+pip install --quiet --require-hashes --no-deps --only-binary=:all: -r "$VENV/build-backends.lock"
+rm -f "$VENV/build-backends.lock"
 # --no-deps: the lock is the whole set, nothing is resolved or added (pip check proves it is complete)
-pip install --quiet --no-deps --no-build-isolation --only-binary=:all: --no-binary="$source_only" -r "$LOCK"
+pip install --quiet --require-hashes --no-deps --no-build-isolation --only-binary=:all: --no-binary="$source_only" -r "$LOCK"
 pip install --quiet --no-deps --no-build-isolation -e .
 pip check
 if ! up_to_date; then

@@ -1,4 +1,5 @@
-"""`python -m launch doctor [RECIPE]`: installed versions against the pins, feature floors, GPUs, flash-attn.
+"""`python -m launch doctor [RECIPE]`: installed versions against the pins and locks, feature floors, GPUs, the
+performance traps, the attention each recipe gets and why, bitsandbytes' 4-bit path.
 
 The container runs these checks at start (LAUNCH_DOCTOR_AT_START=1) so that a broken image stops with a clear
 message before any training begins.
@@ -12,10 +13,15 @@ from launch.machine import gpu_info, installed_versions, torch_build
 from launch.pins import PINS_FILE, normalize, read_pins  # the one pins parser (launch/pins.py)
 
 # GPU-only packages: absent from the CPU CI venv by design.
-GPU_ONLY = {"flash-attn", "liger-kernel"}
+GPU_ONLY = {"flash-attn", "flash-attn-4", "liger-kernel"}
 # Optional in the image too: built only with FLASH_ATTN=1 (Dockerfile); its version then comes from
 # requirements/flash-attn.lock. A recipe that needs it is refused by the attention check (launch.image_checks).
 IMAGE_OPTIONAL = {"flash-attn"}
+
+
+# Training arguments that load the base model quantized by bitsandbytes (TRL's ModelConfig): doctor then checks
+# bitsandbytes' 4-bit path on this machine's device.
+QUANTIZED = ("load_in_4bit", "load_in_8bit")
 
 
 def same_version(installed: str, pinned: str) -> bool:
@@ -68,7 +74,8 @@ def liger_problem() -> str | None:
     return None
 
 
-def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, out=print, installed=None) -> int:
+def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, out=print, installed=None,
+               preflight=()) -> int:
     """Print the report; return the number of problems (the exit status is non-zero when there are any).
 
     installed: {name: version} of every installed distribution, compared with the lock; read from the
@@ -89,10 +96,18 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
         out(f"lock           {lock_for(strict).name}: " + (f"{len(locked)} difference(s)" if locked else "the installed versions match"))
     out(f"torch build    {torch_build()}")
     out(f"GPUs           {gpu_count}" + (f" ({', '.join(sorted(set(gpu_names)))})" if gpu_names else ""))
-    # the performance traps (cuDNN shadowed, SDPA backend, driver, flash-attn ABI) and the attention each recipe gets
-    recipe_attn = ({setup.recipe.name: setup.training.get("attn_implementation") or "sdpa"} if setup is not None
-                   else image_checks.recipe_attn_settings())
-    for name, found, problem in image_checks.trap_checks(recipe_attn):
+    # the performance traps (cuDNN shadowed, SDPA backend, driver, flash-attn ABI), the no-compile FlashAttention
+    # routes, bitsandbytes' 4-bit path (for doctor alone and for quantized recipes) and the attention each recipe gets
+    # and why
+    if setup is not None:
+        recipe_attn = {setup.recipe.name: setup.training.get("attn_implementation") or "sdpa"}
+        paths = {setup.recipe.name: image_checks.attention_path(setup.accelerate)}
+        quantized = any(setup.training.get(key) for key in QUANTIZED)
+    else:
+        unreadable: dict[str, str] = {}
+        recipe_attn, paths, quantized = image_checks.recipe_attn_settings(unreadable), None, True
+        problems += [f"recipe {name}: {message}" for name, message in unreadable.items()]
+    for name, found, problem in image_checks.trap_checks(recipe_attn, paths=paths, quantized=quantized):
         out(f"{name:<14} {found}")
         if problem and not (setup is not None and setup.options.cpu and name.startswith("attention ")):
             problems.append(problem)
@@ -106,6 +121,7 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
         if not setup.options.cpu and setup.training.get("use_liger_kernel"):
             if msg := liger_problem():
                 problems.append(msg)
+    problems += list(preflight)  # the run's own preflight (launch.rules), for `doctor RECIPE`
     for p in problems:
         out(f"PROBLEM: {p}")
     out("doctor: ok" if not problems else f"doctor: {len(problems)} problem(s)")

@@ -21,19 +21,29 @@ do with fakes). Where there is nothing to check (a CPU build of torch, no visibl
 - flash-attn: installed or not (it is opt-in in the image: FLASH_ATTN=1), and when installed, that its CUDA
   extension imports against this torch (a build for another torch fails with an undefined symbol) and, on a
   GPU, that it has a kernel for this GPU's compute capability (read from its fat binary).
-- Attention per recipe: the implementation each recipe gets on this machine, from its `attn_implementation`
-  and what is installed; a recipe asking for flash attention without a working flash-attn is a problem.
+- flash-attn-4: FlashAttention without a compile (in the default image): installed or not, and on a GPU where
+  transformers runs it (compute capability >= 9, Hopper and Blackwell) that `flash_attn.cute` imports.
+- kernels hub: whether transformers' other no-compile route (`kernels` fetching FlashAttention builds from the
+  Hugging Face Hub) is usable: it needs the `kernels` package at the versions transformers accepts.
+- adapters: bitsandbytes quantizes a tensor to 4-bit NF4 and back on this machine's device (CPU or GPU), as a
+  QLoRA run's base model needs; run for `doctor` without a recipe and for recipes that load in 4 or 8 bits.
+- Attention per recipe: the implementation each recipe gets on this machine and why, from its
+  `attn_implementation`, its layout (ring CP runs SDPA only; Accelerate's Ulysses SP accepts flash_attention_2/3
+  and sdpa; the padded DP/ZeRO/FSDP recipes any of them), the GPU and what is installed; where a faster route
+  is available it says how to opt in, and a recipe asking for an attention this machine cannot run is a problem
+  that names SDPA, which every recipe runs.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from launch import pins as pinfiles
-from launch.constants import FLASH_ATTENTION
+from launch.constants import FLASH_ATTENTION, MESH_KEYS, SP_ATTENTION_KEY
 from launch.machine import NVIDIA_DRIVER_FILE, gpu_driver
 from launch.pins import normalize
 from launch.recipes import find_recipe, recipe_names
@@ -44,6 +54,13 @@ CUDA_RUNTIME_WHEEL = "cuda-toolkit"
 # Compute capabilities where cuDNN attention is the fast path (Hopper, Blackwell): REFERENCE "Throughput
 # conventions": cuDNN SDPA 1.7-2.3x faster than the flash backend on Hopper, slower on A100.
 CUDNN_ATTENTION_MAJORS = (9, 10)
+# FlashAttention 4 (the flash-attn-4 wheel, CuTe DSL): transformers 5.23 runs attn_implementation
+# flash_attention_4 on compute capability >= 9 only (FLASH_ATTENTION_COMPATIBILITY_MATRIX: cuda_min_major_version).
+FLASH_ATTN_4 = "flash_attention_4"
+FLASH_ATTN_4_MIN_MAJOR = 9
+# What Accelerate 1.15's ParallelismConfig accepts as sp_attn_implementation for Ulysses SP (besides hub kernels
+# named org/flash-attn*): flash_attention_4 is refused there.
+SP_BUILTIN_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
 
 Check = tuple[str, str, "str | None"]
 
@@ -314,60 +331,309 @@ def check_flash_attn(torch_module=None, state: tuple[str | None, str | None, str
 
 
 # --------------------------------------------------------------------------------------------------------
+# flash-attn-4 and the kernels hub: FlashAttention without a compile
+
+
+def flash_attn_4_import(importer: Callable[[str], Any] | None = None, load: bool = True) -> tuple[str | None, str | None]:
+    """(version or None when not installed, import error or None). load=False: the version only (importing the CuTe
+    DSL takes seconds; it is worth it only where transformers would run it)."""
+    import importlib
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("flash-attn-4")
+    except importlib.metadata.PackageNotFoundError:
+        return None, None
+    if not load:
+        return version, None
+    try:
+        (importer or importlib.import_module)("flash_attn.cute")
+    except Exception as e:  # noqa: BLE001 - ImportError, OSError (CUDA libraries), RuntimeError
+        return version, f"{type(e).__name__}: {e}"
+    return version, None
+
+
+def check_flash_attn_4(torch_module=None, state: tuple[str | None, str | None] | None = None) -> Check:
+    """state: flash_attn_4_import()'s answer (imported only on a GPU it runs on)."""
+    torch = _torch(torch_module)
+    if not _cuda_build(torch):
+        return "flash-attn-4", NOT_CHECKED, None
+    gpu = _gpu(torch)
+    capability = tuple(torch.cuda.get_device_capability(0)) if gpu else None
+    runs_here = capability is not None and capability[0] >= FLASH_ATTN_4_MIN_MAJOR
+    version, error = flash_attn_4_import(load=runs_here) if state is None else state
+    if version is None:
+        return "flash-attn-4", "not installed (image.lock has it: a venv without it runs sdpa)", None
+    if not gpu:
+        return "flash-attn-4", (f"{version} installed; not imported (no GPU: transformers runs it on compute "
+                                f"capability >= {FLASH_ATTN_4_MIN_MAJOR}.0 only)"), None
+    if not runs_here:
+        return "flash-attn-4", (f"{version} installed; not for this GPU (compute capability {capability[0]}."
+                                f"{capability[1]}: transformers runs it on >= {FLASH_ATTN_4_MIN_MAJOR}.0)"), None
+    if error:
+        return "flash-attn-4", f"{version}, does not import", (
+            f"flash-attn-4 {version} does not import ({error}): attn_implementation {FLASH_ATTN_4} cannot run; "
+            "rebuild the image from requirements/image.lock, or keep attn_implementation: sdpa.")
+    return "flash-attn-4", f"{version}, imports; usable as attn_implementation {FLASH_ATTN_4} on this GPU", None
+
+
+def kernels_requirement() -> str | None:
+    """The `kernels` versions the installed transformers uses for its hub route (e.g. `kernels>=0.18.2,<0.19`)."""
+    try:
+        from transformers.dependency_versions_table import deps
+    except Exception:  # noqa: BLE001 - no transformers: nothing uses the route
+        return None
+    return deps.get("kernels")
+
+
+def kernels_route(requirement: str | None = None, installed: str | None = "?") -> tuple[bool, str]:
+    """(usable, why): transformers maps flash_attention_2/3/4 to Hub kernels (kernels-community/...) only when the
+    `kernels` package is installed at a version its requirement accepts."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    requirement = kernels_requirement() if requirement is None else requirement
+    if installed == "?":
+        try:
+            installed = importlib.metadata.version("kernels")
+        except importlib.metadata.PackageNotFoundError:
+            installed = None
+    if not requirement:
+        return False, "transformers names no kernels requirement"
+    if installed is None:
+        return False, (f"not available: transformers needs {requirement}, which is not installed (PyPI had no such "
+                       "release when the locks were made); FlashAttention without a compile comes from flash-attn-4")
+    if not Requirement(requirement).specifier.contains(installed, prereleases=True):
+        return False, f"not available: kernels {installed} is installed, transformers needs {requirement}"
+    return True, (f"kernels {installed} (transformers needs {requirement}): kernels are fetched from the Hub at first "
+                  "use and read from HF_HOME afterwards")
+
+
+def check_kernels_route(requirement: str | None = None, installed: str | None = "?") -> Check:
+    return "kernels hub", kernels_route(requirement, installed)[1], None
+
+
+# --------------------------------------------------------------------------------------------------------
+# Adapters: bitsandbytes' 4-bit path on this machine
+
+
+def bitsandbytes_roundtrip(torch, device: str) -> float:
+    """Quantize a small bf16 tensor to 4-bit NF4 (double quantization, bf16 storage: QLoRA's settings) and back on
+    `device`; returns the largest absolute error. bitsandbytes' import-time warning about its optional Hub kernel
+    for CPU (`kernels`, not installed) is kept out of the report."""
+    import logging
+
+    cpu_ops = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    level = cpu_ops.level
+    cpu_ops.setLevel(logging.ERROR)
+    try:
+        import bitsandbytes.functional as F
+    finally:
+        cpu_ops.setLevel(level)
+    x = torch.linspace(-1, 1, 64 * 64, dtype=torch.float32).reshape(64, 64).to(device=device, dtype=torch.bfloat16)
+    packed, state = F.quantize_4bit(x, quant_type="nf4", compress_statistics=True, quant_storage=torch.bfloat16)
+    return float((F.dequantize_4bit(packed, state).float() - x.float()).abs().max())
+
+
+# NF4 has 16 levels over [-1, 1] (absmax-scaled blocks of 64): the largest step is about 0.28, so a round trip of
+# values in [-1, 1] is off by at most about half of it. A broken kernel returns garbage (errors near 1 or NaN).
+NF4_MAX_ERROR = 0.2
+
+
+def check_bitsandbytes(torch_module=None, roundtrip: Callable[[Any, str], float] | None = None) -> Check:
+    import importlib.metadata
+
+    torch = _torch(torch_module)
+    try:
+        version = importlib.metadata.version("bitsandbytes")
+    except importlib.metadata.PackageNotFoundError:
+        return "bitsandbytes", "not installed", (
+            "bitsandbytes is not installed: a 4-bit (QLoRA) base model cannot be loaded; install the lock "
+            "(bash ci/setup.sh, or the image).")
+    if torch is None:
+        return "bitsandbytes", f"{version}; torch does not import", None
+    device = "cuda" if _gpu(torch) else "cpu"
+    try:
+        error = (roundtrip or bitsandbytes_roundtrip)(torch, device)
+    except Exception as e:  # noqa: BLE001
+        return "bitsandbytes", f"{version}, 4-bit on {device} fails", (
+            f"bitsandbytes {version} cannot quantize to 4-bit on {device} ({type(e).__name__}: {e}): a QLoRA run's "
+            "base model cannot load here.")
+    found = f"{version}, NF4 4-bit round trip on {device}: max error {error:.3f}"
+    if not error <= NF4_MAX_ERROR:
+        return "bitsandbytes", found, (f"bitsandbytes {version}'s NF4 round trip on {device} is off by {error:.3f} "
+                                       f"(at most {NF4_MAX_ERROR} expected): its {device} kernels are broken.")
+    return "bitsandbytes", found, None
+
+
+# --------------------------------------------------------------------------------------------------------
 # Attention per recipe
 
 
-def recipe_attention(recipe: str, wanted: str, gpu: bool, flash_ok: bool) -> tuple[str, str | None]:
-    """(what the recipe gets, problem or None)."""
-    if not gpu:
-        return NOT_CHECKED + " (the --cpu profile runs flash attention settings as sdpa)", None
-    if wanted in FLASH_ATTENTION:
-        if wanted == "flash_attention_2" and flash_ok:
+@dataclass(frozen=True)
+class AttentionFacts:
+    """What decides the attention a recipe gets here."""
+
+    gpu: bool
+    capability: tuple[int, int] | None = None
+    flash_attn_2: bool = False                # flash-attn (FLASH_ATTN=1) imports with its CUDA extension
+    flash_attn_4: str | None = None           # flash-attn-4's version when installed
+    flash_attn_4_error: str | None = None     # why it does not import (checked on a GPU it runs on)
+    kernels: bool = False                     # the kernels hub route is usable (kernels_route)
+
+    @property
+    def flash_attn_4_runs(self) -> bool:
+        return (self.gpu and self.capability is not None and self.capability[0] >= FLASH_ATTN_4_MIN_MAJOR
+                and self.flash_attn_4 is not None and self.flash_attn_4_error is None)
+
+
+# The layouts whose attention rules differ: ring-attention CP (torch dispatches SDPA only), Ulysses SP
+# (Accelerate's list), everything else (padded batches under DDP, ZeRO or FSDP).
+PATHS = {"cp": "ring-attention CP", "sp": "Ulysses SP", "dp": "padded batches"}
+
+
+def attention_path(accelerate: dict) -> str:
+    pc = accelerate.get("parallelism_config") or {}
+    if int(pc.get(MESH_KEYS["cp"], 1) or 1) > 1:
+        return "cp"
+    if int(pc.get(MESH_KEYS["sp"], 1) or 1) > 1:
+        return "sp"
+    return "dp"
+
+
+def recipe_attention(recipe: str, wanted: str, facts: AttentionFacts, path: str = "dp") -> tuple[str, str | None]:
+    """(what the recipe gets here and why, problem or None). A recipe asking for an attention this machine cannot
+    run gets a problem that names the fallback every recipe runs, SDPA."""
+    fa4 = facts.flash_attn_4
+    if not facts.gpu:
+        opt_in = (f"; {FLASH_ATTN_4} (flash-attn-4 {fa4}) can be chosen on compute capability >= "
+                  f"{FLASH_ATTN_4_MIN_MAJOR}.0" if fa4 and path == "dp" and wanted == "sdpa" else "")
+        return f"{NOT_CHECKED}: {wanted} on a GPU{opt_in} (the --cpu profile runs flash attention settings as sdpa)", None
+    cc = f"{facts.capability[0]}.{facts.capability[1]}" if facts.capability else "?"
+    fallback = (f"set attn_implementation: sdpa (every recipe runs it; the same result, docs/container.md, "
+                f"\"Attention per recipe\")")
+    if wanted == "sdpa":
+        why = {"cp": "ring CP dispatches SDPA only", "sp": "the recipe's setting (Ulysses drops the mask: causal SDPA)",
+               "dp": "the recipe's setting"}[path]
+        faster = ""
+        if path == "dp" and facts.flash_attn_4_runs:
+            faster = f"; faster on this GPU without a compile: -- --attn_implementation {FLASH_ATTN_4} (flash-attn-4 {fa4})"
+        elif path in ("dp", "sp") and facts.flash_attn_2:
+            faster = "; flash-attn is installed: -- --attn_implementation flash_attention_2"
+        return f"sdpa ({why}){faster}", None
+    if path == "cp":
+        return "nothing: ring CP runs SDPA only", (
+            f"recipe {recipe} sets attn_implementation: {wanted}, but ring-attention CP dispatches SDPA only: {fallback}.")
+    if wanted == FLASH_ATTN_4:
+        if path == "sp":
+            return "nothing: Accelerate refuses it for Ulysses SP", (
+                f"recipe {recipe} sets attn_implementation: {FLASH_ATTN_4}, which Accelerate's ParallelismConfig refuses "
+                f"for Ulysses SP (it accepts {', '.join(SP_BUILTIN_ATTENTION)}): {fallback}.")
+        if facts.flash_attn_4_runs:
+            return f"{FLASH_ATTN_4} (flash-attn-4 {fa4}; its kernels are JIT-compiled at first use)", None
+        why = ("flash-attn-4 is not installed" if fa4 is None else
+               f"this GPU's compute capability is {cc} (flash-attn-4 runs on >= {FLASH_ATTN_4_MIN_MAJOR}.0)"
+               if facts.capability and facts.capability[0] < FLASH_ATTN_4_MIN_MAJOR else
+               f"flash-attn-4 does not import ({facts.flash_attn_4_error})")
+        return "nothing: flash-attn-4 cannot run here", f"recipe {recipe} sets attn_implementation: {FLASH_ATTN_4} but {why}: {fallback}."
+    if wanted == "flash_attention_2":
+        if facts.flash_attn_2:
             return "flash_attention_2 (flash-attn)", None
-        if wanted == "flash_attention_2":
-            return "nothing: flash-attn is not usable", (
-                f"recipe {recipe} sets attn_implementation: {wanted} but flash-attn is not installed or does not "
-                "import: set attn_implementation: sdpa (same result, see docs/container.md) or build the image "
-                "with FLASH_ATTN=1.")
-        return f"{wanted} (needs its own kernel package)", None
+        if facts.kernels:
+            return "kernels-community/flash-attn2 (the kernels hub, in place of flash-attn)", None
+        return "nothing: flash-attn is not usable", (
+            f"recipe {recipe} sets attn_implementation: {wanted} but flash-attn is not installed or does not import: "
+            f"{fallback}, use {FLASH_ATTN_4} on compute capability >= {FLASH_ATTN_4_MIN_MAJOR}.0, or build the image "
+            "with FLASH_ATTN=1.")
+    if wanted in FLASH_ATTENTION or "/" in wanted:
+        if facts.kernels:
+            return f"{wanted} (the kernels hub)", None
+        return f"nothing: {wanted} needs a kernel package the image does not have", (
+            f"recipe {recipe} sets attn_implementation: {wanted}, which needs flash-attn-3 or the kernels hub route "
+            f"({kernels_route()[1]}): {fallback}.")
     return wanted, None
 
 
-def recipe_attn_settings() -> dict[str, str]:
-    """{recipe: attn_implementation} of every recipe folder (read as the launcher reads them)."""
-    return {name: str(find_recipe(name, optional=("expected_metrics.json",)).config.get("attn_implementation") or "sdpa")
-            for name in recipe_names()}
+def recipe_attn_settings(errors: dict[str, str] | None = None) -> dict[str, str]:
+    """{recipe: attn_implementation} of every recipe folder (read as the launcher reads them). A folder the launcher
+    cannot read is left out and, when `errors` is given, put there with the launcher's message."""
+    from launch.errors import LaunchError
+
+    out = {}
+    for name in recipe_names():
+        try:
+            recipe = find_recipe(name, optional=("expected_metrics.json",))
+        except LaunchError as e:
+            if errors is not None:
+                errors[name] = str(e)
+            continue
+        out[name] = str(recipe.config.get("attn_implementation") or "sdpa")
+    return out
+
+
+def recipe_paths(names) -> dict[str, str]:
+    """{recipe: "cp" | "sp" | "dp"} from each recipe's Accelerate config (its parallelism_config)."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = attention_path(find_recipe(name, optional=("expected_metrics.json",)).accelerate)
+        except Exception:  # noqa: BLE001 - a recipe folder the launcher itself refuses: judged as padded batches
+            out[name] = "dp"
+    return out
+
+
+def attention_facts(torch_module=None, state: tuple[str | None, str | None, str | None] | None = None,
+                    state4: tuple[str | None, str | None] | None = None, kernels: bool | None = None) -> AttentionFacts:
+    torch = _torch(torch_module)
+    gpu = _gpu(torch)
+    capability = tuple(torch.cuda.get_device_capability(0)) if gpu else None
+    flash_2 = False
+    if gpu:
+        version, error, _ = flash_attn_import() if state is None else state
+        flash_2 = version is not None and error is None
+    runs4 = capability is not None and capability[0] >= FLASH_ATTN_4_MIN_MAJOR
+    version4, error4 = flash_attn_4_import(load=runs4) if state4 is None else state4
+    return AttentionFacts(gpu=gpu, capability=capability, flash_attn_2=flash_2, flash_attn_4=version4,
+                          flash_attn_4_error=error4, kernels=kernels_route()[0] if kernels is None else kernels)
 
 
 def check_recipes(recipe_attn: dict[str, str], torch_module=None,
-                  state: tuple[str | None, str | None, str | None] | None = None) -> list[Check]:
-    torch = _torch(torch_module)
-    gpu = _gpu(torch)
-    flash_ok = False
-    if gpu:
-        version, error, _ = flash_attn_import() if state is None else state
-        flash_ok = version is not None and error is None
+                  state: tuple[str | None, str | None, str | None] | None = None,
+                  paths: dict[str, str] | None = None, facts: AttentionFacts | None = None) -> list[Check]:
+    facts = facts or attention_facts(torch_module, state)
+    paths = paths if paths is not None else recipe_paths(recipe_attn)
     out = []
     for recipe, wanted in sorted(recipe_attn.items()):
-        got, problem = recipe_attention(recipe, wanted, gpu, flash_ok)
+        got, problem = recipe_attention(recipe, wanted, facts, paths.get(recipe, "dp"))
         out.append((f"attention {recipe}", got, problem))
     return out
 
 
-def trap_checks(recipe_attn: dict[str, str] | None = None, torch_module=None) -> list[Check]:
+def trap_checks(recipe_attn: dict[str, str] | None = None, torch_module=None, paths: dict[str, str] | None = None,
+                quantized: bool = False) -> list[Check]:
     """Every check: [(name, what was found, problem or None)]. recipe_attn: {recipe: attn_implementation} of the
-    recipes to report (None: none)."""
+    recipes to report (None: none); paths: their layouts (default: read from the recipe folders); quantized: also
+    run bitsandbytes' 4-bit round trip."""
     torch = _torch(torch_module)
-    checks = [check_cudnn(torch), check_sdpa_backend(torch), check_driver(torch), check_flash_attn(torch)]
+    checks = [check_cudnn(torch), check_sdpa_backend(torch), check_driver(torch), check_flash_attn(torch),
+              check_flash_attn_4(torch), check_kernels_route()]
+    if quantized:
+        checks.append(check_bitsandbytes(torch))
     if recipe_attn:
-        checks += check_recipes(recipe_attn, torch)
+        checks += check_recipes(recipe_attn, torch, paths=paths)
     return checks
 
 
 def main() -> int:
     """`python -m launch.image_checks`: print the checks for every recipe; exit 1 when one finds a problem."""
+    errors: dict[str, str] = {}
+    settings = recipe_attn_settings(errors)
     problems = 0
-    for name, found, problem in trap_checks(recipe_attn_settings()):
+    for name, message in errors.items():
+        print(f"PROBLEM: recipe {name}: {message}")
+        problems += 1
+    for name, found, problem in trap_checks(settings, quantized=True):
         print(f"{name:<28} {found}")
         if problem:
             print(f"PROBLEM: {problem}")

@@ -1,8 +1,10 @@
 """The pins and the locks under requirements/, read with `packaging`: the one parser for both.
 
 - `pins.txt`: the direct versions, chosen by hand (`name==version` lines).
-- `cpu.lock`, `image.lock`, `image-build.lock`: every package of a set, resolved by `bash requirements/lock.sh`
-  (`name==version` lines with `# via` comments).
+- `cpu.lock`, `image.lock`, `image-build.lock`, `flash-attn.lock`: every package of a set, resolved by
+  `bash requirements/lock.sh` (uv's `--generate-hashes` format: `name==version \` then one `--hash=sha256:HEX`
+  continuation line for each file of that version on the index, then `# via` comments). Every lock entry must
+  carry at least one sha256 hash: ci/setup.sh and the Dockerfile install them with `pip --require-hashes`.
 - `*.in`: the names in a set, no versions (`-c pins.txt` lines aside).
 
 Read by `python -m launch doctor`, ci/setup.sh and requirements/lock.sh (through the command line below) and
@@ -12,11 +14,18 @@ the tests. Command line (run from the repository root):
     python -m launch.pins check [--exact] LOCK  exit 1 unless every package of LOCK is installed at its version
                                                 (--exact: and nothing else is, pip and this project aside)
     python -m launch.pins compare LOCK RESOLVED exit 1 unless RESOLVED (a resolver's output) pins exactly LOCK
+                                                and every entry of LOCK has a hash
+    python -m launch.pins constraints LOCK [--without NAME]...
+                                                print LOCK's `name==version` lines without hashes (a constraint
+                                                file for the resolver; NAME's entries left out)
+    python -m launch.pins entries LOCK NAME...  print NAME's entries of LOCK with their hashes (a requirements
+                                                file for `pip install --require-hashes`)
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import sys
 from pathlib import Path
 
@@ -32,6 +41,9 @@ PINS_FILE = REQUIREMENTS / "pins.txt"
 CPU_LOCK = REQUIREMENTS / "cpu.lock"
 IMAGE_LOCK = REQUIREMENTS / "image.lock"
 IMAGE_BUILD_LOCK = REQUIREMENTS / "image-build.lock"
+# The one algorithm the locks carry (uv's --generate-hashes; pip's --require-hashes accepts it).
+HASH_ALGORITHM = "sha256"
+_HASH = re.compile(rf"--hash=({HASH_ALGORITHM}):([0-9a-f]{{64}})")
 
 
 class PinError(ValueError):
@@ -44,10 +56,35 @@ def normalize(name: str) -> str:
 
 
 def _lines(text: str, source: str):
+    """(where, line) of each logical line: comments dropped, `\\`-continued lines joined (a hashed lock entry)."""
+    pending, start = "", 0
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1].strip() + " "
+            continue
+        line = (pending + line).strip()
+        pending = ""
         if line:
-            yield f"{source}:{number}", line
+            yield f"{source}:{start}", line
+    if pending.strip():
+        yield f"{source}:{start}", pending.strip()
+
+
+def _split_hashes(where: str, line: str) -> tuple[str, list[str]]:
+    """`name==version --hash=sha256:HEX ...` -> (`name==version`, [`sha256:HEX`, ...]). A hash of another form, or
+    any other option after the requirement, is an error naming its line."""
+    requirement, _, rest = line.partition(" --")
+    options = ("--" + rest).split() if rest else []
+    hashes = []
+    for option in options:
+        m = _HASH.fullmatch(option)
+        if not m:
+            raise PinError(f"{where}: `{option}` is not a `--hash={HASH_ALGORITHM}:<64 hex digits>` option")
+        hashes.append(f"{m[1]}:{m[2]}")
+    return requirement, hashes
 
 
 def _requirement(where: str, line: str) -> Requirement:
@@ -57,16 +94,25 @@ def _requirement(where: str, line: str) -> Requirement:
         raise PinError(f"{where}: `{line}` is not a requirement ({e})") from None
 
 
-def parse_pins(text: str, source: str = "pins") -> dict[str, str]:
-    """{normalized name: version} from `name==version` lines (pins.txt or a lock).
+def parse_hashes(text: str, source: str = "lock") -> dict[str, list[str]]:
+    """{normalized name: [`sha256:HEX`, ...]} of a lock (an entry without hashes: an empty list)."""
+    out: dict[str, list[str]] = {}
+    parse_pins(text, source, hashes=out)
+    return out
+
+
+def parse_pins(text: str, source: str = "pins", hashes: dict[str, list[str]] | None = None) -> dict[str, str]:
+    """{normalized name: version} from `name==version` lines (pins.txt or a lock), each optionally followed by
+    `--hash=sha256:HEX` options (a lock's continuation lines); `hashes`, when given, receives them by name.
 
     Comments and blank lines are skipped. Anything else that is not one exact pin is an error naming its line:
-    an option line (`-c ...`), a range, a wildcard, a URL, an environment marker, a duplicate name.
+    an option line (`-c ...`), a range, a wildcard, a URL, an environment marker, a duplicate name, a malformed hash.
     """
     pins: dict[str, str] = {}
     for where, line in _lines(text, source):
         if line.startswith("-"):
             raise PinError(f"{where}: `{line}`: option lines do not belong in a pins or lock file")
+        line, entry_hashes = _split_hashes(where, line)
         req = _requirement(where, line)
         specs = list(req.specifier)
         if req.url or req.marker or len(specs) != 1 or specs[0].operator != "==" or specs[0].version.endswith(".*"):
@@ -79,6 +125,8 @@ def parse_pins(text: str, source: str = "pins") -> dict[str, str]:
         if name in pins:
             raise PinError(f"{where}: {req.name} is pinned twice")
         pins[name] = specs[0].version
+        if hashes is not None:
+            hashes[name] = entry_hashes
     return pins
 
 
@@ -106,6 +154,28 @@ def read_pins(path: Path = PINS_FILE) -> dict[str, str]:
 
 def read_lock(path: Path) -> dict[str, str]:
     return read_pins(path)
+
+
+def read_hashes(path: Path) -> dict[str, list[str]]:
+    path = Path(path)
+    return parse_hashes(path.read_text(), path.name)
+
+
+def hash_problems(hashes: dict[str, list[str]], lock_name: str) -> list[str]:
+    """Each entry of a lock without a hash: `pip install --require-hashes` would refuse the whole lock."""
+    return [f"{lock_name}: {name} has no --hash (regenerate the locks: bash requirements/lock.sh)"
+            for name, entry in sorted(hashes.items()) if not entry]
+
+
+def entry_blocks(text: str) -> dict[str, str]:
+    """{normalized name: the entry's text as the lock writes it}: its `name==version` line with the `--hash`
+    continuation lines (the `# via` comments dropped). What `pip install --require-hashes -r` reads for one entry."""
+    blocks: dict[str, str] = {}
+    for where, line in _lines(text, "lock"):
+        requirement, hashes = _split_hashes(where, line)
+        name = normalize(_requirement(where, requirement).name)
+        blocks[name] = " \\\n    ".join([requirement] + [f"--hash={h}" for h in hashes]) + "\n"
+    return blocks
 
 
 def read_names(path: Path) -> list[str]:
@@ -174,7 +244,8 @@ def compare_sets(lock: dict[str, str], resolved: dict[str, str], lock_name: str)
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: python -m launch.pins {pin NAME | check [--exact] LOCK | compare LOCK RESOLVED}"
+    usage = ("usage: python -m launch.pins {pin NAME | check [--exact] LOCK | compare LOCK RESOLVED | "
+             "constraints LOCK [--without NAME]... | entries LOCK NAME...}")
     if argv[:1] == ["pin"] and len(argv) == 2:
         version = read_pins().get(normalize(argv[1]))
         if version is None:
@@ -194,12 +265,31 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["compare"] and len(argv) == 3:
         lock = Path(argv[1])
         problems = compare_sets(read_lock(lock), read_lock(Path(argv[2])), lock.name)
+        problems += hash_problems(read_hashes(lock), lock.name)
         for p in problems:
             print(p)
         return 1 if problems else 0
+    if argv[:1] == ["constraints"] and len(argv) >= 2 and len(argv) % 2 == 0 and set(argv[2::2]) <= {"--without"}:
+        without = {normalize(name) for name in argv[3::2]}
+        for name, version in read_lock(Path(argv[1])).items():
+            if name not in without:
+                print(f"{name}=={version}")
+        return 0
+    if argv[:1] == ["entries"] and len(argv) >= 3:
+        blocks = entry_blocks(Path(argv[1]).read_text())
+        missing = [name for name in argv[2:] if normalize(name) not in blocks]
+        if missing:
+            print(f"{argv[1]} has no entry for {', '.join(missing)}", file=sys.stderr)
+            return 1
+        print("".join(blocks[normalize(name)] for name in argv[2:]), end="")
+        return 0
     print(usage, file=sys.stderr)
     return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except PinError as e:  # a malformed pins or lock file: its line, not a traceback
+        print(f"launch.pins: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -5,8 +5,14 @@
 #                                         version of every package that still fits; --upgrade: newest that fits)
 #   bash requirements/lock.sh --check     check, without installing anything, that image.lock,
 #                                         image-build.lock and flash-attn.lock resolve for CPython 3.13
-#                                         manylinux x86_64 and pin every package their set needs, nothing more
-#                                         (CI runs this)
+#                                         manylinux x86_64 and pin every package their set needs, nothing more,
+#                                         each entry with its hashes (CI runs this)
+#
+# Every lock is written with uv's --generate-hashes: each `name==version` entry carries the sha256 of every file
+# of that version on the index (wheels for all platforms and the sdist), or of the local wheel it was resolved
+# from (torch's CPU build), and every install of a lock is `pip install --require-hashes` (ci/setup.sh, the
+# Dockerfile): a file whose bytes differ from the ones locked here is refused. The resolver's own constraint
+# files (one lock's versions held for another) are written without hashes by `python -m launch.pins constraints`.
 #
 #   cpu.lock          CPython 3.11, x86_64-manylinux_2_28: the virtualenv of ci/setup.sh (CI, quickstart).
 #                     torch is its CPU build (torch==<pin>+cpu), so no nvidia-* package is in it.
@@ -66,7 +72,7 @@ compile() {  # compile PYTHON_VERSION INPUT OUTPUT [uv args...]
     shift 3
     "$UV" pip compile --config-file requirements/uv.toml --no-header \
         --python-version "$python_version" --python-platform "$PLATFORM" \
-        --only-binary :all: "${no_binary[@]}" \
+        --only-binary :all: "${no_binary[@]}" --generate-hashes \
         -c requirements/pins.txt "$input" -o "$output" "$@"
 }
 
@@ -89,7 +95,13 @@ check() {  # check LOCK INPUT: resolve the set under the lock's own pins; the an
     local lock=$1 input=$2 resolved err="$tmp/err"
     resolved="$tmp/$(basename "$1")"
     : > "$resolved"
-    if ! compile "$IMAGE_PYTHON" "$input" "$resolved" -c "$lock" --quiet 2> "$err"; then
+    if ! "$PYTHON" -m launch.pins constraints "$lock" > "$tmp/constraints.txt" 2> "$err"; then
+        echo "lock.sh --check: $lock cannot be read:" >&2
+        cat "$err" >&2
+        echo "Regenerate the locks: bash requirements/lock.sh" >&2
+        exit 1
+    fi
+    if ! compile "$IMAGE_PYTHON" "$input" "$resolved" -c "$tmp/constraints.txt" --quiet 2> "$err"; then
         if grep -qE "$network_error" "$err"; then
             echo "lock.sh --check: could not reach the package index (this check needs it):" >&2
             grep -E "$network_error" "$err" | head -3 >&2
@@ -101,12 +113,12 @@ check() {  # check LOCK INPUT: resolve the set under the lock's own pins; the an
         exit 1
     fi
     if ! "$PYTHON" -m launch.pins compare "$lock" "$resolved" > "$tmp/diff"; then
-        echo "lock.sh --check: $lock is not exactly the set $input needs:" >&2
+        echo "lock.sh --check: $lock is not exactly the set $input needs, each entry with its hashes:" >&2
         sed 's/^/  /' "$tmp/diff" >&2
         echo "Regenerate the locks: bash requirements/lock.sh" >&2
         exit 1
     fi
-    echo "lock.sh --check: $lock resolves for CPython $IMAGE_PYTHON $PLATFORM ($(grep -c '==' "$resolved") packages, all pinned)"
+    echo "lock.sh --check: $lock resolves for CPython $IMAGE_PYTHON $PLATFORM ($(grep -c '==' "$resolved") packages, all pinned and hashed)"
 }
 
 if [ "$mode" = check ]; then
@@ -135,22 +147,23 @@ write_lock requirements/cpu.lock "$tmp/cpu.lock" "$CPU_PYTHON" cpu.in \
     "what ci/setup.sh installs (CI, the quickstart without Docker)."
 
 # --- image.lock: shared packages at their cpu.lock versions -----------------------------------------------
-grep -v -i '^torch==' requirements/cpu.lock > "$tmp/cpu-lock-versions.txt"
+"$PYTHON" -m launch.pins constraints requirements/cpu.lock --without torch > "$tmp/cpu-lock-versions.txt"
 [ -f requirements/image.lock ] && cp requirements/image.lock "$tmp/image.lock"
 compile "$IMAGE_PYTHON" requirements/image.in "$tmp/image.lock" -c "$tmp/cpu-lock-versions.txt" --quiet "${uv_extra[@]}"
 write_lock requirements/image.lock "$tmp/image.lock" "$IMAGE_PYTHON" image.in \
     "every package the GPU image installs (Dockerfile)."
 
 # --- image-build.lock: the subset for the torch and flash-attn layers -------------------------------------
+"$PYTHON" -m launch.pins constraints requirements/image.lock > "$tmp/image-lock-versions.txt"
 : > "$tmp/image-build.lock"
-compile "$IMAGE_PYTHON" requirements/image-build.in "$tmp/image-build.lock" -c requirements/image.lock --quiet
+compile "$IMAGE_PYTHON" requirements/image-build.in "$tmp/image-build.lock" -c "$tmp/image-lock-versions.txt" --quiet
 write_lock requirements/image-build.lock "$tmp/image-build.lock" "$IMAGE_PYTHON" image-build.in \
     "the image's torch layer (a subset of image.lock)."
 
 # --- flash-attn.lock: the opt-in flash-attn stage, image.lock's versions where shared ---------------------
 : > "$tmp/flash-attn.lock"
 [ -f requirements/flash-attn.lock ] && cp requirements/flash-attn.lock "$tmp/flash-attn.lock"
-compile "$IMAGE_PYTHON" requirements/flash-attn.in "$tmp/flash-attn.lock" -c requirements/image.lock --quiet "${uv_extra[@]}"
+compile "$IMAGE_PYTHON" requirements/flash-attn.in "$tmp/flash-attn.lock" -c "$tmp/image-lock-versions.txt" --quiet "${uv_extra[@]}"
 write_lock requirements/flash-attn.lock "$tmp/flash-attn.lock" "$IMAGE_PYTHON" flash-attn.in \
     "the image's opt-in flash-attn stage (FLASH_ATTN=1; image.lock's versions where shared)."
 

@@ -48,9 +48,10 @@ def test_torch_local_build_label_matches_its_pin():
 def test_gpu_only_packages_are_required_in_the_image_only():
     versions = pinned_versions(**{name: None for name in GPU_ONLY})
     n, out = doctor(versions=versions, strict=True)
-    # flash-attn is opt-in in the image too (FLASH_ATTN=1): only liger-kernel is required there
-    assert GPU_ONLY - IMAGE_OPTIONAL == {"liger-kernel"}
-    assert n == 1 and "liger-kernel is not installed" in out and "flash-attn is not installed" not in out
+    # flash-attn is opt-in in the image too (FLASH_ATTN=1): liger-kernel and flash-attn-4 are required there
+    assert GPU_ONLY - IMAGE_OPTIONAL == {"liger-kernel", "flash-attn-4"}
+    assert n == 2 and "liger-kernel is not installed" in out and "flash-attn-4 is not installed" in out
+    assert "flash-attn is not installed" not in out
     n, out = doctor(versions=versions, strict=False)
     assert n == 0, out
 
@@ -72,11 +73,11 @@ def test_the_performance_traps_are_reported_and_a_trap_is_a_problem(monkeypatch)
     gets) and counts a trap as a problem; on this CPU venv every one says it was not checked."""
     n, out = doctor(resolve(Options(recipe="ring-cp-8gpu")))
     assert n == 0, out
-    for name in ("cuDNN", "SDPA backend", "driver", "flash-attn", "attention ring-cp-8gpu"):
+    for name in ("cuDNN", "SDPA backend", "driver", "flash-attn", "flash-attn-4", "kernels hub", "attention ring-cp-8gpu"):
         assert f"\n{name:<14} " in f"\n{out}", name
     from launch import image_checks
 
-    monkeypatch.setattr(image_checks, "trap_checks", lambda recipe_attn: [
+    monkeypatch.setattr(image_checks, "trap_checks", lambda recipe_attn, **kwargs: [
         ("cuDNN", "90100 from /usr/lib/libcudnn.so.9", "cuDNN 90100 is loaded, the lock has 9.20.0.48")])
     n, out = doctor(resolve(Options(recipe="ring-cp-8gpu")))
     assert n == 1 and "PROBLEM: cuDNN 90100 is loaded, the lock has 9.20.0.48" in out
@@ -148,3 +149,22 @@ def test_liger_recipe_needs_an_importable_liger_kernel():
     assert n == 1 and "liger-kernel does not import" in out
     n, out = doctor(resolve(Options(recipe="ring-cp-8gpu", cpu=True, extra=liger)))
     assert n == 0, out
+
+
+def test_doctor_checks_the_adapter_packages_and_their_4bit_path(monkeypatch):
+    """peft and bitsandbytes are reported against their pins on both platforms; bitsandbytes' 4-bit round trip runs
+    for doctor without a recipe and for a recipe that loads its base model in 4 or 8 bits, not at every start."""
+    n, out = doctor(versions=pinned_versions(peft="0.20.0"))
+    assert n == 1 and f"PROBLEM: peft 0.20.0 is installed but {PINS['peft']} is pinned" in out
+    n, out = doctor(versions=pinned_versions(bitsandbytes=None), strict=False)
+    assert n == 1 and "bitsandbytes is not installed" in out
+    from launch import image_checks
+
+    asked = []
+    real = image_checks.trap_checks
+    monkeypatch.setattr(image_checks, "trap_checks", lambda recipe_attn, **kw: asked.append(kw["quantized"]) or
+                        real(recipe_attn, paths=kw.get("paths")))
+    doctor(resolve(Options(recipe="zero3")))
+    doctor(resolve(Options(recipe="zero3", extra=["--load_in_4bit", "true"])))
+    doctor()
+    assert asked == [False, True, True]

@@ -58,10 +58,11 @@ def test_without_cuda_every_check_says_not_checked():
     only the library checks (cuDNN, flash-attn) run."""
     checks = ic.trap_checks({"ddp": "flash_attention_2", "ring-cp-8gpu": "sdpa"},
                             torch_module=fake_torch(cuda=None, gpu=False))
-    assert len(checks) == 6
+    assert len(checks) == 8
     for name, found, problem in checks:
         assert problem is None, (name, problem)
-        assert found.startswith(ic.NOT_CHECKED), (name, found)
+        # the kernels hub route is a fact about the installed packages, not about a GPU
+        assert found.startswith(ic.NOT_CHECKED) or name == "kernels hub", (name, found)
     no_gpu = {name: found for name, found, _ in ic.trap_checks({"ddp": "sdpa"}, torch_module=fake_torch(gpu=False))}
     assert no_gpu["SDPA backend"] == no_gpu["driver"] == ic.NOT_CHECKED
     assert not no_gpu["cuDNN"].startswith(ic.NOT_CHECKED) and not no_gpu["flash-attn"].startswith(ic.NOT_CHECKED)
@@ -73,8 +74,9 @@ def test_on_this_machine_the_checks_run_without_problems():
     assert {"ddp", "zero3", "ring-cp-8gpu", "alst-ulysses-8gpu"} <= settings.keys()
     assert settings["ring-cp-8gpu"] == "sdpa"
     checks = ic.trap_checks(settings)
-    assert [name for name, _, _ in checks][:4] == ["cuDNN", "SDPA backend", "driver", "flash-attn"]
-    assert len(checks) == 4 + len(settings)
+    assert [name for name, _, _ in checks][:6] == ["cuDNN", "SDPA backend", "driver", "flash-attn", "flash-attn-4",
+                                                    "kernels hub"]
+    assert len(checks) == 6 + len(settings)
     assert all(problem is None for _, _, problem in checks)
 
 
@@ -236,19 +238,127 @@ def test_fatbin_archs_reads_the_elf_entries(tmp_path):
 # attention per recipe
 
 
+H100, A100 = (9, 0), (8, 0)
+FA4 = "4.0.0b36"
+
+
+def facts(capability=H100, gpu=True, flash_attn_2=False, flash_attn_4=FA4, error=None, kernels=False):
+    return ic.AttentionFacts(gpu=gpu, capability=capability if gpu else None, flash_attn_2=flash_attn_2,
+                             flash_attn_4=flash_attn_4, flash_attn_4_error=error, kernels=kernels)
+
+
 def test_recipe_attention_on_a_gpu():
     recipes = {"ddp": "flash_attention_2", "ring-cp-8gpu": "sdpa"}
+    paths = {"ddp": "dp", "ring-cp-8gpu": "cp"}
     with_flash = dict((n, (f, p)) for n, f, p in
-                      ic.check_recipes(recipes, fake_torch(), state=("2.8.3.post2", None, "/x.so")))
+                      ic.check_recipes(recipes, fake_torch(), state=("2.8.3.post2", None, "/x.so"), paths=paths))
     assert with_flash["attention ddp"] == ("flash_attention_2 (flash-attn)", None)
-    assert with_flash["attention ring-cp-8gpu"] == ("sdpa", None)
-    without = dict((n, (f, p)) for n, f, p in ic.check_recipes(recipes, fake_torch(), state=(None, None, None)))
+    assert with_flash["attention ring-cp-8gpu"] == ("sdpa (ring CP dispatches SDPA only)", None)
+    without = dict((n, (f, p)) for n, f, p in ic.check_recipes(recipes, fake_torch(), state=(None, None, None),
+                                                               paths=paths))
     found, problem = without["attention ddp"]
     assert problem and "FLASH_ATTN=1" in problem and "attn_implementation: sdpa" in problem
-    assert without["attention ring-cp-8gpu"] == ("sdpa", None)
+    assert without["attention ring-cp-8gpu"][1] is None
     broken = dict((n, (f, p)) for n, f, p in
-                  ic.check_recipes(recipes, fake_torch(), state=("2.8.3.post2", "ImportError: x", None)))
+                  ic.check_recipes(recipes, fake_torch(), state=("2.8.3.post2", "ImportError: x", None), paths=paths))
     assert broken["attention ddp"][1]
+
+
+def test_which_attention_each_layout_gets_and_why():
+    """flash-attn-4 (no compile) where transformers runs it (compute capability >= 9) for the padded DP/ZeRO/FSDP
+    recipes, offered as an opt-in beside their sdpa; never for ring CP (SDPA only) or Ulysses SP (Accelerate
+    refuses it); every refusal names the fallback, SDPA."""
+    get = ic.recipe_attention
+    found, problem = get("zero3", "sdpa", facts(), "dp")
+    assert problem is None and found.startswith("sdpa (the recipe's setting)")
+    assert "-- --attn_implementation flash_attention_4" in found
+    assert get("zero3", "flash_attention_4", facts(), "dp") == (
+        "flash_attention_4 (flash-attn-4 4.0.0b36; its kernels are JIT-compiled at first use)", None)
+    # A100: no flash-attn-4 offer, and asking for it is refused, naming why and the fallback
+    found, problem = get("zero3", "sdpa", facts(A100), "dp")
+    assert problem is None and "flash_attention_4" not in found
+    found, problem = get("zero3", "flash_attention_4", facts(A100), "dp")
+    assert found.startswith("nothing") and "compute capability is 8.0" in problem
+    # not installed, or installed but broken
+    assert "flash-attn-4 is not installed" in get("zero3", "flash_attention_4", facts(flash_attn_4=None), "dp")[1]
+    assert "does not import (OSError: libcuda" in get("zero3", "flash_attention_4",
+                                                      facts(error="OSError: libcuda.so.1"), "dp")[1]
+    # Ulysses SP and ring CP
+    assert "Accelerate's ParallelismConfig refuses" in get("alst-ulysses-8gpu", "flash_attention_4", facts(), "sp")[1]
+    assert get("alst-ulysses-8gpu", "sdpa", facts(), "sp")[0].startswith("sdpa (the recipe's setting (Ulysses")
+    assert "flash_attention_4" not in get("alst-ulysses-8gpu", "sdpa", facts(), "sp")[0]
+    assert "ring-attention CP dispatches SDPA only" in get("ring-cp-8gpu", "flash_attention_2", facts(), "cp")[1]
+    # the kernels hub would stand in for a missing flash-attn where it is usable (not at our pins)
+    assert get("zero3", "flash_attention_2", facts(kernels=True), "dp")[0].startswith("kernels-community/flash-attn2")
+    assert "kernels hub" in get("zero3", "flash_attention_3", facts(), "dp")[1]
+    # every refusal names the fallback every recipe runs
+    refusals = [get("r", want, f, path)[1] for want in ("flash_attention_2", "flash_attention_3", "flash_attention_4",
+                                                        "kernels-community/flash-attn3")
+                for f in (facts(), facts(A100), facts(flash_attn_4=None)) for path in ("dp", "sp", "cp")]
+    assert all("set attn_implementation: sdpa" in p for p in refusals if p), refusals
+    # no GPU: what a GPU would run, and the opt-in where the image has flash-attn-4
+    found, problem = get("zero3", "sdpa", facts(gpu=False), "dp")
+    assert problem is None and found.startswith(ic.NOT_CHECKED) and "flash_attention_4" in found
+
+
+def test_the_attention_rules_are_upstreams():
+    """The facts the rules above encode, read from the installed transformers and Accelerate."""
+    from accelerate.utils.dataclasses import DeepSpeedSequenceParallelConfig
+    from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
+
+    assert FLASH_ATTENTION_COMPATIBILITY_MATRIX[4]["cuda_min_major_version"] == ic.FLASH_ATTN_4_MIN_MAJOR
+    with pytest.raises(ValueError, match="flash_attention_4"):
+        DeepSpeedSequenceParallelConfig(sp_attn_implementation=ic.FLASH_ATTN_4)
+    for name in ic.SP_BUILTIN_ATTENTION:
+        DeepSpeedSequenceParallelConfig(sp_attn_implementation=name)
+    assert ic.recipe_paths(["ring-cp-8gpu", "alst-ulysses-8gpu", "zero3"]) == {
+        "ring-cp-8gpu": "cp", "alst-ulysses-8gpu": "sp", "zero3": "dp"}
+
+
+def test_flash_attn_4_check():
+    torch = fake_torch()
+    assert ic.check_flash_attn_4(torch, state=(FA4, None)) == (
+        "flash-attn-4", f"{FA4}, imports; usable as attn_implementation flash_attention_4 on this GPU", None)
+    name, found, problem = ic.check_flash_attn_4(torch, state=(FA4, "ImportError: no cutlass"))
+    assert problem and "does not import (ImportError: no cutlass)" in problem
+    assert "not for this GPU (compute capability 8.0" in ic.check_flash_attn_4(fake_torch(capability=A100),
+                                                                               state=(FA4, None))[1]
+    assert "not imported (no GPU" in ic.check_flash_attn_4(fake_torch(gpu=False), state=(FA4, None))[1]
+    assert ic.check_flash_attn_4(torch, state=(None, None))[1].startswith("not installed")
+    assert ic.check_flash_attn_4(fake_torch(cuda=None, gpu=False)) == ("flash-attn-4", ic.NOT_CHECKED, None)
+
+
+def test_kernels_hub_route():
+    """transformers uses Hub kernels only with `kernels` at the versions it names (5.23: >= 0.18.2, < 0.19, which
+    PyPI did not have when the locks were made: requirements/pins.txt)."""
+    requirement = ic.kernels_requirement()
+    assert requirement and requirement.startswith("kernels")
+    usable, why = ic.kernels_route("kernels>=0.18.2,<0.19", None)
+    assert not usable and "not installed" in why
+    usable, why = ic.kernels_route("kernels>=0.18.2,<0.19", "0.17.2")
+    assert not usable and "kernels 0.17.2 is installed" in why
+    assert ic.kernels_route("kernels>=0.18.2,<0.19", "0.18.2")[0]
+    assert "kernels" not in pinfiles.read_lock(pinfiles.IMAGE_LOCK), "the lock has kernels: revisit this route"
+
+
+def test_bitsandbytes_check():
+    torch = fake_torch(cuda=None, gpu=False)
+    assert ic.check_bitsandbytes(torch, roundtrip=lambda t, d: 0.03)[2] is None
+    assert "max error 0.030" in ic.check_bitsandbytes(torch, roundtrip=lambda t, d: 0.03)[1]
+
+    def broken(torch, device):
+        raise RuntimeError("no kernel for cpu")
+    assert "cannot quantize to 4-bit on cpu" in ic.check_bitsandbytes(torch, roundtrip=broken)[2]
+    assert "is off by 0.900" in ic.check_bitsandbytes(torch, roundtrip=lambda t, d: 0.9)[2]
+    assert "is off by nan" in ic.check_bitsandbytes(torch, roundtrip=lambda t, d: float("nan"))[2]
+
+
+def test_bitsandbytes_4bit_runs_on_this_cpu():
+    """The lock's bitsandbytes with torch's CPU build: NF4 with double quantization and bf16 storage (QLoRA's
+    settings) round-trips on CPU (measured: max error 0.035 on values in [-1, 1])."""
+    name, found, problem = ic.check_bitsandbytes()
+    assert problem is None, problem
+    assert "on cpu" in found
 
 
 def test_every_recipe_runs_in_the_default_image():

@@ -45,8 +45,12 @@ TARGETS = {"cpu": "cpython-3.11 x86_64-manylinux_2_28", "image": IMAGE_TARGET, "
 RECEIPT = ROOT / "docs" / "image-receipt.json"
 # What ci/image.sh hashes into the receipt's inputs_sha256, in this order.
 RECEIPT_INPUTS = ["Dockerfile", "docker-compose.yml", "requirements/image.lock"]
-# The in-image checks ci/image.sh runs; the receipt must record each as passed.
-RECEIPT_CHECKS = ("doctor", "pip-check", "pins", "imports", "traps", "smoke-zero3")
+# The in-image checks ci/image.sh runs; the receipt must record each as passed. `labels` is the receipt writer's
+# own check of `docker inspect` (ci/image_receipt.py); the judged runs' verdicts must have passed too.
+SCRIPT_CHECKS = ("doctor", "tools-list", "tools-plan", "pip-check", "pins", "imports", "traps", "permissions",
+                 "jit-cpu-adam", "smoke-zero3", "smoke-again", "any-uid", "loopback")
+RECEIPT_CHECKS = SCRIPT_CHECKS + ("labels",)
+JUDGED_RUNS = ("smoke-zero3", "smoke-again", "any-uid", "loopback")
 UV_TOML = REQUIREMENTS / "uv.toml"
 LOCK_SH = REQUIREMENTS / "lock.sh"
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -87,18 +91,24 @@ def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kwargs)
 
 
-def compose_config(compose_file: Path, fmt: str = "json") -> subprocess.CompletedProcess:
-    """`docker compose config` with the defaults of the file: no shell overrides, no ./.env."""
+# The compose file's profiles: services in them (one node of a multi-node job) appear only when asked for.
+PROFILES = ("multinode",)
+
+
+def compose_config(compose_file: Path, fmt: str = "json", profiles=PROFILES) -> subprocess.CompletedProcess:
+    """`docker compose config` with the defaults of the file: no shell overrides, no ./.env; every profile."""
     overridable = {"HF_TOKEN", "BASE_IMAGE", "FLASH_ATTN", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "NVCC_THREADS",
                    "HOST_UID", "HOST_GID", "IMAGE_TAG", "BUILD_NETWORK", "COMPOSE_PROJECT_NAME", "COMPOSE_FILE",
-                   "COMPOSE_PROFILES"}
-    env = {k: v for k, v in os.environ.items() if k not in overridable}
+                   "COMPOSE_PROFILES", "MEMLOCK", "IMAGE_SOURCE", "GIT_REVISION", "IMAGE_RELEASE", "IMAGE_CREATED",
+                   "IMAGE_LOCK_SHA256", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if k not in overridable and not k.startswith("NCCL_")}
+    profile_args = [arg for name in profiles for arg in ("--profile", name)]
     return run([compose_binary(), "-f", str(compose_file), "--project-directory", str(ROOT),
-                "--env-file", os.devnull, "config", "--format", fmt], env=env, cwd=ROOT)
+                "--env-file", os.devnull, *profile_args, "config", "--format", fmt], env=env, cwd=ROOT)
 
 
-def resolved_compose(compose_file: Path = COMPOSE) -> dict:
-    proc = compose_config(compose_file)
+def resolved_compose(compose_file: Path = COMPOSE, profiles=PROFILES) -> dict:
+    proc = compose_config(compose_file, profiles=profiles)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -178,7 +188,8 @@ PIP_OPTIONS_WITH_VALUE = {"-c", "--constraint", "-r", "--requirement", "-e", "--
 
 def pip_installs(dockerfile_text: str) -> list[dict]:
     """Each `pip install` on a RUN line: {"stage": name, "options": [...], "requirements": [-r files],
-    "constraints": [-c files], "editable": [-e paths], "packages": [names with any version specifier]}."""
+    "constraints": [-c files], "editable": [-e paths], "packages": [names with any version specifier],
+    "local": [paths of local files]}."""
     installs = []
     stage = None
     for word, rest in dockerfile_instructions(dockerfile_text):
@@ -197,7 +208,7 @@ def pip_installs(dockerfile_text: str) -> list[dict]:
             for i in range(len(tokens) - 1):
                 if tokens[i].endswith("pip") and tokens[i + 1] == "install":
                     install = {"stage": stage, "options": [], "requirements": [], "constraints": [], "editable": [],
-                               "packages": []}
+                               "packages": [], "local": []}
                     args = iter(tokens[i + 2:])
                     for token in args:
                         if token in PIP_OPTIONS_WITH_VALUE:
@@ -212,14 +223,16 @@ def pip_installs(dockerfile_text: str) -> list[dict]:
                             install["options"].append(token)
                         elif not token.startswith(("/", ".", "$")):
                             install["packages"].append(token)
+                        else:
+                            install["local"].append(token)
                     installs.append(install)
                     break
     return installs
 
 
 def copied_locks(dockerfile_text: str, locks: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-    """The files under /opt/pins that hold a lock's lines: COPY requirements/X.lock /opt/pins/X.lock, and files
-    made from one by `grep -v '^NAME==' LOCK > FILE` (the lock without NAME)."""
+    """The files that hold a lock's entries: COPY requirements/X.lock /opt/pins/X.lock, and files made from one
+    by awk (the lock without NAME's entry, or NAME's entry alone)."""
     files: dict[str, dict[str, str]] = {}
     for word, rest in dockerfile_instructions(dockerfile_text):
         parts = rest.split()
@@ -228,9 +241,12 @@ def copied_locks(dockerfile_text: str, locks: dict[str, dict[str, str]]) -> dict
             if name.endswith(".lock") and name.removesuffix(".lock") in locks:
                 files[parts[1]] = dict(locks[name.removesuffix(".lock")])
         if word == "RUN":
-            for name, source, target in re.findall(r"grep -v '\^([\w.-]+)==' (\S+) > (\S+)", rest):
+            # awk '/^[^ #]/ { keep = ($1 !~ /^NAME==/) } keep' LOCK > FILE: LOCK without NAME's entry;
+            # with `~` instead of `!~`: NAME's entry only (an entry is its first line and its --hash lines)
+            for op, name, source, target in re.findall(
+                    r"awk '/\^\[\^ #\]/ \{ keep = \(\$1 (!~|~) /\^([\w.-]+)==/\) \}[^']*' (\S+) > (\S+)", rest):
                 if source in files:
-                    files[target] = {k: v for k, v in files[source].items() if k != normalize(name)}
+                    files[target] = {k: v for k, v in files[source].items() if (k == normalize(name)) == (op == "~")}
     return files
 
 
@@ -255,6 +271,12 @@ def dockerfile_lock_problems(dockerfile_text: str, locks: dict[str, dict[str, st
             continue
         if "--no-deps" not in install["options"]:
             problems.append(f"Dockerfile: a `pip install` without --no-deps lets pip pick versions: {install}")
+        # every lock is installed hash-checked; the one install without a lock is the wheel this build compiled
+        if install["requirements"] and "--require-hashes" not in install["options"]:
+            problems.append(f"Dockerfile: a lock is installed without --require-hashes: {install}")
+        if not install["requirements"] and not install["packages"] and not install["local"] == ["/wheels/flash_attn-*.whl"]:
+            problems.append(f"Dockerfile: `pip install` of {install['local']}: only flash-attn's wheel, compiled in "
+                            "this build, is installed from a local file")
         for file in install["requirements"] + install["constraints"]:
             if file not in files:
                 problems.append(f"Dockerfile: pip reads {file}, which is not one of the locks (requirements/*.lock)")
@@ -299,10 +321,11 @@ def dockerfile_lock_problems(dockerfile_text: str, locks: dict[str, dict[str, st
             problems.append(f"the flash-attn stage installs {name}, which flash-attn.lock does not pin")
         build = " ".join(rest for word, rest in stages(instructions).get("flash-attn-build", ("", []))[1]
                          if word == "RUN")
-        version_from_lock = "version=\"$(sed -n 's/^flash-attn==//p' /opt/pins/flash-attn.lock)\""
-        download = re.search(r'pip download [^&]*--no-deps[^&]*"flash-attn==\$\{version\}"', build)
-        if version_from_lock not in build or not download:
-            problems.append("the flash-attn stage does not download flash-attn at flash-attn.lock's version")
+        # the sdist: flash-attn.lock's entry for it, hash-checked
+        download = re.search(r"pip download [^&]*--require-hashes[^&]*--no-deps[^&]*-r (\S+)", build)
+        if not download or files.get(download[1]) != {"flash-attn": locks["flash-attn"].get("flash-attn")}:
+            problems.append("the flash-attn stage does not download flash-attn's sdist hash-checked from "
+                            "flash-attn.lock's entry (`pip download --require-hashes --no-deps -r` that entry)")
     # A version written next to a package's name (`torch 2.13.0`, also in comments) is its pin or a prefix of
     # it, so that no text in the Dockerfile goes stale when a pin moves.
     for name, pinned in pins.items():
@@ -340,14 +363,19 @@ def lock_target(text: str) -> str | None:
 
 def pins_and_locks_problems(pins_text: str, set_texts: dict[str, str], lock_texts: dict[str, str]) -> list[str]:
     """pins.txt holds the direct versions of the sets (*.in); each lock holds its whole set at those versions,
-    for its target; the CPU lock has torch's CPU build and no CUDA package, the image's locks have them."""
+    for its target, every entry with its hashes; the CPU lock has torch's CPU build and no CUDA package, the image's
+    locks have them."""
     problems = []
     try:
         pins = parse_pins(pins_text, "pins.txt")
         sets = {key: parse_names(text, f"{key}.in") for key, text in set_texts.items()}
         locks = {key: parse_pins(text, f"{key}.lock") for key, text in lock_texts.items()}
+        hashes = {key: pinfiles.parse_hashes(text, f"{key}.lock") for key, text in lock_texts.items()}
     except pinfiles.PinError as e:
         return [str(e)]
+    # every entry of every lock carries its sha256 hashes: ci/setup.sh and the Dockerfile install with --require-hashes
+    for key, entries in hashes.items():
+        problems += pinfiles.hash_problems(entries, f"{key}.lock")
     named = set().union(*sets.values())
     for name in sorted(named - pins.keys()):
         problems.append(f"{name} is in a set (*.in) but has no `==` pin in pins.txt")
@@ -600,18 +628,18 @@ def flash_attn_opt_in_problems(dockerfile_text: str, compose: dict) -> list[str]
     return problems
 
 
-def user_creation_calls(dockerfile_text: str, uid: str, gid: str, tmp_path: Path) -> tuple[int, list[str]]:
-    """Runs the Dockerfile's user-creation RUN with USER_UID/USER_GID, with getent, userdel, groupadd,
-    useradd, mkdir and chown replaced by fakes that log their arguments. PATH holds only those fakes and a few
-    text tools, so nothing on this machine can change (any other command is not found and fails the run).
-    The fake getent knows root (0), and ubuntu (1000), as ubuntu:24.04 does."""
+def user_creation_calls(dockerfile_text: str, tmp_path: Path) -> tuple[int, list[str]]:
+    """Runs the Dockerfile's user-creation RUN with getent, userdel, groupadd, useradd, mkdir and chmod replaced by
+    fakes that log their arguments. PATH holds only those fakes and a few text tools, so nothing on this machine
+    can change (any other command is not found and fails the run). The fake getent knows root (0), and ubuntu
+    (1000), as ubuntu:24.04 does."""
     runs = [rest for word, rest in final_stage(dockerfile_instructions(dockerfile_text))
             if word == "RUN" and "useradd" in rest]
     assert len(runs) == 1, "one RUN creates the user"
     fake, log = tmp_path / "fakebin", tmp_path / "calls.log"
     fake.mkdir(exist_ok=True)
     log.write_text("")
-    for name in ("userdel", "groupadd", "useradd", "mkdir", "chown"):
+    for name in ("userdel", "groupadd", "useradd", "mkdir", "chmod", "chown"):
         (fake / name).write_text(f'#!/bin/sh\necho "{name} $*" >> "{log}"\n')
         (fake / name).chmod(0o755)
     (fake / "getent").write_text(
@@ -623,32 +651,103 @@ def user_creation_calls(dockerfile_text: str, uid: str, gid: str, tmp_path: Path
     for name in ("cut", "tr", "cat", "grep", "sed"):
         if not (fake / name).exists() and shutil.which(name):
             (fake / name).symlink_to(shutil.which(name))
-    proc = run([shutil.which("bash"), "-o", "pipefail", "-c", runs[0]],
-               env={"PATH": str(fake), "USER_UID": uid, "USER_GID": gid})
+    proc = run([shutil.which("bash"), "-o", "pipefail", "-c", runs[0]], env={"PATH": str(fake)})
     return proc.returncode, log.read_text().splitlines()
 
 
-def user_creation_problems(dockerfile_text: str, tmp_path: Path) -> list[str]:
+# The directories a runtime UID writes: the caches (ENV, all under the /cache volume), HOME, /app/outputs.
+RUNTIME_WRITABLE_ENV = ("HOME", "HF_HOME", "TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "RECIPES_CACHE",
+                        "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")
+
+
+def runtime_uid_problems(dockerfile_text: str, tmp_path: Path) -> list[str]:
+    """One image for every user: no UID is built in (no USER_UID/USER_GID arguments), the fixed user `app` (1000) is
+    created (a base image's user holding 1000 removed first, --no-log-init) and is the numeric final USER (so
+    that Kubernetes' runAsNonRoot can verify it); every directory a runtime UID writes (the cache folders and HOME
+    from ENV, /cache, /app/outputs) is made world-writable with the sticky bit; the source is copied as root's and
+    made not writable by others."""
     problems = []
-    rc, calls = user_creation_calls(dockerfile_text, "0", "0", tmp_path)
-    if rc != 0 or any(c.split()[0] in {"useradd", "userdel", "groupadd"} for c in calls):
-        problems.append(f"HOST_UID=0: exit {rc}, {calls}: with uid 0 no user may be created or removed "
-                        "(`useradd --uid 0` fails: UID 0 is not unique)")
-    for uid, gid in (("1000", "1000"), ("1234", "1234")):
-        rc, calls = user_creation_calls(dockerfile_text, uid, gid, tmp_path)
-        useradd = [c for c in calls if c.startswith("useradd ")]
-        if rc != 0 or len(useradd) != 1 or f"--uid {uid}" not in useradd[0]:
-            problems.append(f"HOST_UID={uid}: exit {rc}, {calls}: expected one `useradd --uid {uid}`")
-        elif "--no-log-init" not in useradd[0] and not re.search(r"(^|\s)-l(\s|$)", useradd[0]):
-            problems.append(f"`{useradd[0]}` without --no-log-init: a large UID bloats /var/log/lastlog")
-        if uid == "1000" and "userdel ubuntu" not in calls:
-            problems.append(f"HOST_UID=1000: the base image's user ubuntu (uid 1000) is not removed: {calls}")
-        if uid == "1234" and f"groupadd --gid {gid} app" not in calls:
-            problems.append(f"HOST_GID={gid}: no group created: {calls}")
-        if not any(c.startswith("mkdir") and "/app/outputs" in c for c in calls):
-            problems.append("/app/outputs is not created for the user")
-        if not any(c.startswith(f"chown -R {uid}:{gid}") and "/app" in c for c in calls):
-            problems.append(f"/app is not given to {uid}:{gid}: {calls}")
+    instructions = dockerfile_instructions(dockerfile_text)
+    stage = final_stage(instructions)
+    args = arg_defaults(instructions)
+    for arg in ("USER_UID", "USER_GID"):
+        if arg in args:
+            problems.append(f"ARG {arg}: the image is built for one UID; any runtime UID must work without a rebuild")
+    users = [rest for word, rest in stage if word == "USER"]
+    if not users or users[-1] != "1000:1000":
+        problems.append(f"final USER is {users[-1] if users else None!r}, not the numeric non-root 1000:1000")
+    rc, calls = user_creation_calls(dockerfile_text, tmp_path)
+    useradd = [c for c in calls if c.startswith("useradd ")]
+    if rc != 0 or len(useradd) != 1 or "--uid 1000" not in useradd[0]:
+        problems.append(f"user creation: exit {rc}, {calls}: expected one `useradd --uid 1000`")
+    elif "--no-log-init" not in useradd[0]:
+        problems.append(f"`{useradd[0]}` without --no-log-init: a large UID bloats /var/log/lastlog")
+    if "userdel ubuntu" not in calls:
+        problems.append(f"a base image's user holding UID 1000 (ubuntu) is not removed first: {calls}")
+    sticky = {path for c in calls if c.startswith("chmod 1777") for path in c.split()[2:]}
+    env = dict(re.findall(r"(\w+)=(\S+)", " ".join(rest for word, rest in stage if word == "ENV")))
+    for var in RUNTIME_WRITABLE_ENV:
+        if var not in env:
+            problems.append(f"ENV {var} is not set: a UID without a passwd entry would write to / or ~ of nobody")
+        elif env[var] not in sticky:
+            problems.append(f"{var}={env[var]} is not created world-writable (chmod 1777) for any runtime UID")
+        elif var != "HOME" and not env[var].startswith("/cache/"):
+            problems.append(f"{var}={env[var]} is not on the /cache volume")
+    if "/cache" not in sticky:
+        problems.append("/cache (the volume's mount point, whose modes Docker copies into a new volume) is not 1777")
+    copies = [rest for word, rest in stage if word == "COPY" and re.search(r"(^|\s)\.\s", rest)]
+    if any("--chown" in rest for rest in copies):
+        problems.append(f"the source is copied with --chown ({copies}): the code must stay root's, read-only")
+    runs = " ".join(rest for word, rest in stage if word == "RUN")
+    if "chmod -R go-w /app" not in runs:
+        problems.append("the code under /app is not made unwritable by others (chmod -R go-w /app)")
+    if not re.search(r"mkdir -p /app/outputs && chmod 1777 /app/outputs", runs):
+        problems.append("/app/outputs is not created world-writable (chmod 1777) after the source")
+    return problems
+
+
+# OCI labels (https://github.com/opencontainers/image-spec/blob/main/annotations.md) and our lock hash: label ->
+# the build argument that fills it.
+OCI_LABELS = {"org.opencontainers.image.source": "IMAGE_SOURCE", "org.opencontainers.image.revision": "GIT_REVISION",
+              "org.opencontainers.image.version": "IMAGE_RELEASE", "org.opencontainers.image.created": "IMAGE_CREATED",
+              "io.llm-recipes.image-lock.sha256": "IMAGE_LOCK_SHA256"}
+
+
+def label_problems(dockerfile_text: str) -> list[str]:
+    """Each OCI label is set from its build argument (default `unknown`), declared after the last install so that a
+    new commit rebuilds only the last layers; the lock label is checked against the installed lock."""
+    problems = []
+    stage = final_stage(dockerfile_instructions(dockerfile_text))
+    labels = " ".join(rest for word, rest in stage if word == "LABEL")
+    args = {}
+    for i, (word, rest) in enumerate(stage):
+        if word == "ARG" and "=" in rest:
+            args[rest.split("=", 1)[0]] = (i, rest.split("=", 1)[1])
+    last_install = max((i for i, (word, rest) in enumerate(stage) if word == "RUN" and "pip install" in rest), default=-1)
+    for label, arg in OCI_LABELS.items():
+        if f'{label}="${{{arg}}}"' not in labels:
+            problems.append(f"LABEL {label} is not set from ${{{arg}}}")
+        if arg not in args:
+            problems.append(f"ARG {arg} is not declared in the final stage")
+        elif args[arg][0] < last_install:
+            problems.append(f"ARG {arg} comes before the last install: a new commit would rebuild the dependency layers")
+        elif args[arg][1] != "unknown":
+            problems.append(f"ARG {arg} defaults to {args[arg][1]!r}, not `unknown`")
+    runs = " ".join(rest for word, rest in stage if word == "RUN")
+    if "sha256sum /opt/pins/image.lock" not in runs or "/opt/pins/image.json" not in runs:
+        problems.append("the image does not compute image.lock's sha256 into /opt/pins/image.json (run_summary.json)")
+    return problems
+
+
+def apt_cache_problems(dockerfile_text: str) -> list[str]:
+    """apt's package files and indexes never stay in a layer, whatever the base (a base without Docker Hub's
+    docker-clean hook keeps the .deb files): every RUN that installs cleans them and fails when any is left."""
+    problems = []
+    for word, rest in dockerfile_instructions(dockerfile_text):
+        if word == "RUN" and "apt-get install" in rest:
+            for needed in ("apt-get clean", "rm -rf /var/lib/apt/lists/*", "find /var/cache/apt /var/lib/apt/lists"):
+                if needed not in rest:
+                    problems.append(f"a RUN installs apt packages without `{needed}` in the same layer")
     return problems
 
 
@@ -768,21 +867,30 @@ def container_hygiene_problems(dockerfile_text: str, dockerignore_text: str) -> 
     return problems
 
 
+# GPU reservation per service: the launcher's commands that need no GPU (list, plan, doctor) and the CPU smoke
+# run have services without it, so that they run on a host without GPUs.
+GPU_SERVICES = {"recipe", "test", "node", "node-ib"}
+CPU_SERVICES = {"cpu", "tools"}
+# The environment the multi-node services pass through (no value: from the shell or .env): the rendezvous
+# variables the launcher reads and NCCL's network settings.
+NODE_ENV = {"MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_DEBUG", "NCCL_NET_PLUGIN"}
+
+
 def compose_service_problems(compose: dict) -> list[str]:
     problems = []
     services = compose["services"]
-    for name in ("recipe", "test", "cpu"):
+    for name in sorted(GPU_SERVICES | CPU_SERVICES):
         if name not in services:
             problems.append(f"no `{name}` service")
     for name, service in services.items():
         devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices")
-        wants_gpu = name != "cpu"
+        wants_gpu = name in GPU_SERVICES
         all_gpus = bool(devices) and any(d.get("count") == -1 and "gpu" in (d.get("capabilities") or [])
                                          for d in devices)
         if wants_gpu and not all_gpus:
             problems.append(f"{name}: does not reserve all GPUs")
         if not wants_gpu and devices:
-            problems.append(f"{name}: reserves GPUs")
+            problems.append(f"{name}: reserves GPUs (it must run on a host without one)")
         if service.get("ipc") != "host":
             problems.append(f"{name}: ipc is not host")
         if service.get("shm_size") is not None:
@@ -790,6 +898,9 @@ def compose_service_problems(compose: dict) -> list[str]:
         ulimits = service.get("ulimits") or {}
         if ulimits.get("memlock") != -1 or ulimits.get("stack") != 67108864:
             problems.append(f"{name}: ulimits memlock -1 / stack 67108864 missing ({ulimits})")
+        if service.get("user") != "1000:1000":
+            problems.append(f"{name}: user {service.get('user')!r}: the runtime UID (HOST_UID:HOST_GID, default "
+                            "1000:1000, the image's own user) is set at run time, not built into the image")
         targets = {v.get("target") for v in service.get("volumes") or []}
         if not {"/cache", "/app/outputs"} <= targets:
             problems.append(f"{name}: volumes for /cache (HF_HOME) and /app/outputs missing ({targets})")
@@ -804,11 +915,45 @@ def compose_service_problems(compose: dict) -> list[str]:
         environment = service.get("environment") or {}
         if environment.get("HF_TOKEN") not in (None,) and name != "cpu":
             problems.append(f"{name}: HF_TOKEN must be a pass-through (no value), got a value")
+        if not str(environment.get("LAUNCH_IMAGE", "")).startswith("llm-recipes:"):
+            problems.append(f"{name}: LAUNCH_IMAGE (the image reference run_summary.json records) is not set")
+        if name.startswith("node"):
+            if service.get("network_mode") != "host":
+                problems.append(f"{name}: network_mode is not host (rendezvous and NCCL reach the other nodes directly)")
+            if "IPC_LOCK" not in (service.get("cap_add") or []):
+                problems.append(f"{name}: no cap_add IPC_LOCK (InfiniBand registers pinned memory)")
+            missing = sorted(k for k in NODE_ENV if k not in environment or environment[k] is not None)
+            if missing:
+                problems.append(f"{name}: {missing} are not passed through from the shell")
+            if "multinode" not in (service.get("profiles") or []):
+                problems.append(f"{name}: not in the multinode profile (`docker compose up` would start it)")
+    ib = services.get("node-ib") or {}
+    if not any(d.get("source") == "/dev/infiniband" for d in ib.get("devices") or []):
+        problems.append("node-ib: /dev/infiniband is not passed to the container")
+    if (services.get("node") or {}).get("devices"):
+        problems.append("node: has devices; a host without them could not start it (node-ib is for InfiniBand hosts)")
+    for name in ("recipe", "tools", "node", "node-ib"):
+        if (services.get(name) or {}).get("entrypoint") != LAUNCH:
+            problems.append(f"{name}: entrypoint is not {LAUNCH}")
     test = services.get("test") or {}
     if (test.get("entrypoint") or [])[:6] != ["python", "-m", "pytest", "-m", "gpu", "tests/test_gpu_smoke.py"]:
         problems.append(f"test: entrypoint {test.get('entrypoint')} is not `python -m pytest -m gpu "
                         "tests/test_gpu_smoke.py`")
+    if "no:cacheprovider" not in (test.get("entrypoint") or []):
+        problems.append("test: pytest's cache is not off (-p no:cacheprovider): /app is read-only in the image")
     return problems
+
+
+def memlock_problems(compose_file: Path) -> list[str]:
+    """MEMLOCK sets the memlock limit of every service (a daemon whose hard limit is lower refuses -1)."""
+    overridable = dict(os.environ, MEMLOCK="8388608")
+    proc = run([compose_binary(), "-f", str(compose_file), "--project-directory", str(ROOT), "--env-file", os.devnull,
+                *[a for n in PROFILES for a in ("--profile", n)], "config", "--format", "json"], env=overridable, cwd=ROOT)
+    if proc.returncode != 0:
+        return [proc.stderr]
+    services = json.loads(proc.stdout)["services"]
+    return [f"{name}: MEMLOCK=8388608 gives memlock {(s.get('ulimits') or {}).get('memlock')}"
+            for name, s in services.items() if (s.get("ulimits") or {}).get("memlock") != 8388608]
 
 
 def cpu_service_argv(compose: dict, args: list[str], tmp_path: Path) -> list[str]:
@@ -867,6 +1012,15 @@ def receipt_problems(receipt: dict, inputs_sha256: str) -> list[str]:
     if smoke.get("verdict_passed") is not True:
         problems.append("the receipt does not record the smoke-zero3 run's verdict as passed (the judged CPU smoke "
                         "profile inside the GPU image)")
+    runs = receipt.get("judged_runs") or {}
+    for name in JUDGED_RUNS:
+        if (runs.get(name) or {}).get("verdict_passed") is not True:
+            problems.append(f"the receipt does not record the {name} run's verdict as passed")
+    provenance = (smoke.get("provenance") or {}).get("image") or {}
+    labels = (receipt.get("image") or {}).get("labels") or {}
+    if provenance.get("revision") != labels.get("org.opencontainers.image.revision") or not provenance.get("reference"):
+        problems.append(f"the smoke run's run_summary.json does not name the image it ran in ({provenance}) as its "
+                        f"labels do ({labels.get('org.opencontainers.image.revision')})")
     if receipt.get("passed") is not True:
         problems.append("the receipt is not marked passed")
     return problems
