@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import yaml
@@ -173,7 +172,8 @@ def test_every_rule_has_a_test_showing_its_message():
 
 
 def test_bad_input_fails_before_any_process_starts(tmp_path):
-    started = time.monotonic()
+    """Refused before the launch step: the runner prints the `accelerate launch` command just before it spawns it, so
+    its absence (not a wall-time bound, which would include start-up and machine load) shows nothing was started."""
     proc = launch_cli("zero4", "--smoke", "--cpu")
     assert proc.returncode == 2, explain(proc)
     assert "error: Unknown recipe `zero4`. Did you mean" in proc.stderr
@@ -181,7 +181,7 @@ def test_bad_input_fails_before_any_process_starts(tmp_path):
     assert proc.returncode == 2, explain(proc)
     assert "Unknown training argument(s)" in proc.stderr
     assert not (tmp_path / "out").exists(), "nothing may be started or written before validation passes"
-    assert time.monotonic() - started < 60
+    assert "accelerate launch" not in proc.stdout + proc.stderr, "the launch step was reached"
 
 
 def test_dry_run_prints_command_and_effective_setup():
