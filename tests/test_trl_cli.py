@@ -7,7 +7,7 @@ trackio store the config reports to. The other way round, our train.py parses wh
 mixture (TRL's DatasetMixtureConfig) included.
 
 On CPU, TRL's script lacks our CPU enablement: launch/cpu/site on PYTHONPATH adds the gloo exit pause (without it
-about 1 DeepSpeed CPU run in 4 aborts at exit after training)."""
+about 1 DeepSpeed CPU run in 4 aborts at exit after training) and keeps DeepSpeed from compiling its shm op."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def test_trl_sft_runs_the_recipe_config_like_the_launcher(recipe, tmp_path, smok
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
                           env=test_env({"TRACKIO_DIR": str(store), "PYTHONPATH": str(REPO / "launch" / "cpu" / "site")}))
     assert proc.returncode == 0, explain(proc)
+    # launch/cpu/site kept DeepSpeed from building (or loading) its inference-only shm op (35 s on a fresh machine)
+    assert "deepspeed_shm_comm" not in proc.stdout + proc.stderr
     trl = _trackio_losses(store, config["project"], "trl-cli")
     proc, ours = smoke_runs.run(recipe)
     assert proc.returncode == 0, explain(proc)
