@@ -2,7 +2,7 @@
 
 - `pins.txt`: the direct versions, chosen by hand (`name==version` lines).
 - `cpu.lock`, `image.lock`, `image-build.lock`, `flash-attn.lock`: every package of a set, resolved by
-  `bash requirements/lock.sh` (uv's `--generate-hashes` format: `name==version \` then one `--hash=sha256:HEX`
+  `bash requirements/lock.sh` (uv's `--generate-hashes` format: `name==version \\` then one `--hash=sha256:HEX`
   continuation line for each file of that version on the index, then `# via` comments). Every lock entry must
   carry at least one sha256 hash: ci/setup.sh and the Dockerfile install them with `pip --require-hashes`.
 - `*.in`: the names in a set, no versions (`-c pins.txt` lines aside).

@@ -67,15 +67,19 @@ def test_ctrl_c_at_any_moment_leaves_no_process_and_releases_the_lock_last(momen
 
     def run(*a, **k):
         if moment == "before-run":
-            signal.raise_signal(signal.SIGINT)  # the default handler: KeyboardInterrupt, nothing spawned
+            # what Python's default SIGINT handler does in the main thread: raise KeyboardInterrupt where the code is.
+            # Raised directly, not through raise_signal: once in a full suite run (this file alone: 20 of 20 passed)
+            # the signal raised here did not become a KeyboardInterrupt in the test process (the fake job then ran
+            # its 120 s) under a handler the launcher had not installed; which test or library left it is not known.
+            raise KeyboardInterrupt
         return real_run(*a, **k)
 
     monkeypatch.setattr(outdir, "release", release)
     monkeypatch.setattr(supervise, "run", run)
     previous = signal.getsignal(signal.SIGINT)
     rc = main(["ddp", "--smoke", "--cpu", "--output-dir", str(tmp_path / "out")])
-    err = capsys.readouterr().err
-    assert rc == 130, err[-3000:]
+    out, err = capsys.readouterr()
+    assert rc == 130, f"SIGINT handler before the launcher: {previous!r}\n{out[-2000:]}\n{err[-3000:]}"
     assert "Traceback" not in err
     assert signal.getsignal(signal.SIGINT) is previous  # the launcher's handler is gone again
     assert released_with == [[]], f"the lock was released while {released_with} still ran"
