@@ -17,7 +17,7 @@ from collections import namedtuple
 import psutil
 import pytest
 
-from helpers.launcher import REPO, explain, launch_cli, launch_in_process, test_env
+from helpers.launcher import REPO, explain, launch_in_process, test_env
 from launch import checkpoints, envvars, outdir
 from launch.errors import LaunchError
 from launch.outdir import RunFolder
@@ -111,11 +111,11 @@ def _leftovers(marker: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["ddp", "zero3", "ring-cp-2gpu", "alst-ulysses-4gpu", "fsdp2"])
+@pytest.mark.parametrize("recipe", ["zero3", "ring-cp-2gpu", "alst-ulysses-4gpu", "fsdp2"])
 def test_a_dying_rank_ends_the_job_and_resume_continues_identically(recipe, tmp_path, smoke_runs):
-    """DDP, ZeRO-3, FSDP2 + CP, ZeRO-3 + Ulysses SP (sp 2 x dp 2) and plain FSDP2: train.py's
-    resume_sequence_parallel_exactly skips the inner loader's batches, then the remaining micro-batches, so each SP
-    rank sees the sample it would have seen."""
+    """ZeRO-3, FSDP2 + CP, ZeRO-3 + Ulysses SP (sp 2 x dp 2) and plain FSDP2 (DDP's resume follows the Ctrl-C test
+    below): train.py's resume_sequence_parallel_exactly skips the inner loader's batches, then the remaining
+    micro-batches, so each SP rank sees the sample it would have seen."""
     out = tmp_path / "out"
     # rank 1 raises at the end of step 7 (SP: step 4); checkpoints every 3 steps, so checkpoint-6 (SP: checkpoint-3) is
     # the newest complete one
@@ -132,6 +132,12 @@ def test_a_dying_rank_ends_the_job_and_resume_continues_identically(recipe, tmp_
     assert 0 <= ended - died < DEADLINE_S, f"the job ended {ended - died:.0f}s after rank 1 died"
     assert _leftovers(str(out)) == []
 
+    resume_equals_the_uninterrupted_run(recipe, out, tmp_path, smoke_runs)
+
+
+def resume_equals_the_uninterrupted_run(recipe, out, tmp_path, smoke_runs):
+    """`--resume` in the stopped run's folder trains to step 12 with the uninterrupted run's per-step metrics; where
+    RELOADED, its final weights reload in plain transformers with the trained model's eval loss."""
     # The resumed run also evaluates at its last step, for the reload check below (evaluation after step 12 does not
     # change the training steps; the extra arguments only make the run "not judged", so its per-step metrics are
     # compared with the judged uninterrupted run instead).
@@ -169,7 +175,9 @@ def test_a_hanging_rank_is_named_and_the_job_stopped(tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_every_rank_keeps_the_checkpoint_and_says_how_to_resume(tmp_path):
+def test_ctrl_c_stops_every_rank_keeps_the_checkpoint_and_resume_continues_identically(tmp_path, smoke_runs):
+    """DDP: Ctrl-C while rank 0 hangs after step 5 stops every rank, keeps checkpoint-3 and says how to resume; the
+    resumed run equals the uninterrupted one and its final weights reload."""
     out = tmp_path / "out"
     env = test_env(fault="0:5:hang")  # rank 0 stops responding after step 5 (checkpoint-3 is complete)
     proc = subprocess.Popen([sys.executable, "-m", "launch", "ddp", "--smoke", "--cpu", "--save-steps", "3",
@@ -193,6 +201,7 @@ def test_ctrl_c_stops_every_rank_keeps_the_checkpoint_and_says_how_to_resume(tmp
     assert RunFolder(RunFolder(out).checkpoint(3)).trainer_state.is_file()
     time.sleep(1)
     assert _leftovers(str(out)) == []
+    resume_equals_the_uninterrupted_run("ddp", out, tmp_path, smoke_runs)
 
 
 # Under SP, rank 1 dies at step 4 so that the run resumes from checkpoint-3: 3 micro-batches into an sp-2 adapter

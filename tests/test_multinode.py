@@ -1,8 +1,13 @@
 """Multi-node on loopback: two launcher invocations on this host, machine ranks 0 and 1 (127.0.0.1, a free
-port), must train exactly like one machine with all the processes: one process each for ddp and zero3, two each
-for ring-attention CP (cp 4 over both machines), Ulysses SP (sp 2 x dp 2 over both machines) and fsdp2-70b's HSDP
-(dp_replicate 2 x dp_shard 2: one replica per machine, as its GPU layout spans machines); and ddp again with
-nothing but each scheduler's rendezvous variables (SkyPilot's, and the PET_* of a Kubeflow TrainJob)."""
+port), must train exactly like one machine with all the processes. Each family once, each rendezvous source once:
+
+- ddp from nothing but SkyPilot's variables, zero3 from nothing but a Kubeflow TrainJob's PET_* (one process each);
+- ring-attention CP (cp 2: the ring crosses the machines at every hop) and Ulysses SP (sp 2: the all-to-all crosses
+  them) from the launcher's flags, one process each;
+- fsdp2-70b's smoke layout from the flags: HSDP dp_replicate 2 x dp_shard 2, one replica per machine (two processes
+  each), as its GPU layout spans machines.
+
+The one-machine runs are the session's shared smoke runs (the SP one is tests/test_sp_parity.py's)."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import sys
 
 import pytest
 
-from helpers.launcher import REPO, explain, free_port, launch_in_process, test_env
+from helpers.launcher import REPO, SP2_ROWS, explain, free_port, launch_in_process, test_env
 
 pytestmark = pytest.mark.slow
 
@@ -30,27 +35,6 @@ def two_machines(argv, env=lambda rank: {}):
     return machine0.stdout
 
 
-@pytest.mark.parametrize("recipe,processes", [("ddp", 2), ("zero3", 2), ("ring-cp-4gpu", 4), ("alst-ulysses-4gpu", 4),
-                                               ("fsdp2-70b", 4)])
-def test_two_machines_on_loopback_match_one_machine(recipe, processes, tmp_path, smoke_runs):
-    port = str(free_port())
-
-    def argv(rank):
-        return [recipe, "--smoke", "--cpu", "--num-processes", str(processes), "--num-machines", "2",
-                "--machine-rank", str(rank), "--main-process-ip", "127.0.0.1", "--main-process-port", port,
-                "--output-dir", str(tmp_path / f"machine{rank}")]
-
-    two_machines(argv)
-    multi = json.loads((tmp_path / "machine0" / "run_summary.json").read_text())
-    assert multi["layout"]["num_machines"] == 2 and multi["world_size"] == processes
-    proc, single = smoke_runs.run(recipe)  # one machine, all processes: the recorded smoke invocation
-    assert proc.returncode == 0, explain(proc)
-    # measured: identical (0.0) per-step losses and grad norms for all five (gloo over loopback reduces in the same
-    # order as on one machine)
-    assert multi["observed"]["loss"] == pytest.approx(single["observed"]["loss"], abs=1e-6)
-    assert multi["observed"]["grad_norm"] == pytest.approx(single["observed"]["grad_norm"], abs=1e-6)
-
-
 # Each scheduler's own variables on machine rank `rank` of two, on loopback (what launch/skypilot/recipe.yaml and
 # launch/kubernetes/trainjob.yaml get from SkyPilot and from Kubeflow Trainer's torch runtime on real nodes)
 SCHEDULER_ENV = {
@@ -59,26 +43,55 @@ SCHEDULER_ENV = {
     "TrainJob": lambda rank, port: {"PET_NNODES": "2", "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": "127.0.0.1",
                                     "PET_MASTER_PORT": str(port), "PET_NPROC_PER_NODE": "1"},
 }
+RANK_SOURCE = {"SkyPilot": "SKYPILOT_NODE_RANK", "TrainJob": "PET_NODE_RANK"}
+
+# recipe, processes on both machines together, where the rendezvous comes from (flags or a scheduler's variables),
+# the run's other arguments (the one-machine run is the smoke run with the same arguments)
+CASES = {
+    "ddp-from-skypilot": ("ddp", 2, "SkyPilot", ()),
+    "zero3-from-trainjob": ("zero3", 2, "TrainJob", ()),
+    "ring-cp-2gpu": ("ring-cp-2gpu", 2, "flags", ()),
+    "alst-ulysses-sp2": ("alst-ulysses-4gpu", 2, "flags", SP2_ROWS),
+    "fsdp2-70b-hsdp": ("fsdp2-70b", 4, "flags", ()),
+}
 
 
-@pytest.mark.parametrize("scheduler", SCHEDULER_ENV)
-def test_two_machines_from_the_schedulers_variables_match_one_machine(scheduler, tmp_path, smoke_runs):
-    """No --num-processes, --num-machines, --machine-rank or --main-process-ip: each launcher takes them from its
-    scheduler's variables (launch.envvars.rendezvous). SkyPilot sets no port: its launchers get the test's free
-    port as a flag, where a real node would use accelerate's 29500."""
+@pytest.mark.parametrize("case", CASES)
+def test_two_machines_on_loopback_match_one_machine(case, tmp_path, smoke_runs):
+    """With a scheduler's variables: no --num-processes, --num-machines, --machine-rank or --main-process-ip; each
+    launcher takes them from its scheduler (launch.envvars.rendezvous). SkyPilot sets no port: its launchers get the
+    test's free port as a flag, where a real node would use accelerate's 29500."""
+    recipe, processes, source, extra = CASES[case]
     port = free_port()
-    flags = ["--main-process-port", str(port)] if scheduler == "SkyPilot" else []
+    options, training = (list(extra[:extra.index("--")]), list(extra[extra.index("--"):])) if extra else ([], [])
+    if source == "flags":
+        def argv(rank):
+            return [recipe, "--smoke", "--cpu", "--num-processes", str(processes), "--num-machines", "2",
+                    "--machine-rank", str(rank), "--main-process-ip", "127.0.0.1", "--main-process-port", str(port),
+                    *options, "--output-dir", str(tmp_path / f"machine{rank}"), *training]
 
-    def argv(rank):
-        return ["ddp", "--smoke", "--cpu", *flags, "--output-dir", str(tmp_path / f"machine{rank}")]
+        def env(rank):
+            return {}
+    else:
+        flags = ["--main-process-port", str(port)] if source == "SkyPilot" else []
 
-    out0 = two_machines(argv, env=lambda rank: SCHEDULER_ENV[scheduler](rank, port))
-    rank_source = {"SkyPilot": "SKYPILOT_NODE_RANK", "TrainJob": "PET_NODE_RANK"}[scheduler]
-    assert f"machine rank 0 (from {rank_source})" in out0
+        def argv(rank):
+            return [recipe, "--smoke", "--cpu", *flags, *options, "--output-dir", str(tmp_path / f"machine{rank}"),
+                    *training]
+
+        def env(rank):
+            return SCHEDULER_ENV[source](rank, port)
+
+    out0 = two_machines(argv, env)
+    if source != "flags":
+        assert f"machine rank 0 (from {RANK_SOURCE[source]})" in out0
     multi = json.loads((tmp_path / "machine0" / "run_summary.json").read_text())
-    assert multi["layout"]["num_machines"] == 2 and multi["world_size"] == 2
-    proc, single = smoke_runs.run("ddp")
+    assert multi["layout"]["num_machines"] == 2 and multi["world_size"] == processes
+    # one machine, all the processes: the recorded smoke invocation (or the SP parity test's run)
+    proc, single = smoke_runs.run(recipe, *(["--num-processes", str(processes), *extra] if extra else []))
     assert proc.returncode == 0, explain(proc)
-    # measured: identical (0.0) per-step losses and grad norms, as with the flags above
+    assert single["layout"]["num_machines"] == 1 and single["world_size"] == processes
+    # measured: identical (0.0) per-step losses and grad norms for all five (gloo over loopback reduces in the same
+    # order as on one machine)
     assert multi["observed"]["loss"] == pytest.approx(single["observed"]["loss"], abs=1e-6)
     assert multi["observed"]["grad_norm"] == pytest.approx(single["observed"]["grad_norm"], abs=1e-6)

@@ -57,8 +57,7 @@ def test_smoke_run_is_fsdp1_and_saves_a_trained_adapter(smoke_runs):
     assert proc.returncode == 0, explain(proc)
     assert FSDP1_LINE.format(shard=2) in proc.stdout  # FSDP1 really ran, not a silent MULTI_CPU (DDP) fallback
     assert summary["verdict"]["passed"] is True
-    (run,) = sorted(smoke_runs.root.glob("qlora-fsdp-*"))
-    tensors = load_file(run / "final" / "adapter_model.safetensors")
+    tensors = load_file(smoke_runs.output_dir("qlora-fsdp") / "final" / "adapter_model.safetensors")
     # The smoke model: 2 decoder layers x 7 linear layers (all-linear but lm_head) x lora_A, lora_B; nothing else
     # (the 4-bit base is not in the adapter). PEFT 0.21.2 writes this file empty under FSDP1 without templates/
     # train.py's fsdp1-adapter-save section.

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.launcher import assert_parity, explain
+from helpers.launcher import ROWS, SP2_ROWS, assert_parity, explain  # ROWS: equal row lengths, as gloo needs
 
 pytestmark = pytest.mark.slow
 
-ROWS = ["--pad_to_multiple_of", "128", "--max_steps", "6"]  # equal row lengths, as gloo needs
 PACKED = ["--packing", "true", "--packing_strategy", "wrapped"]
 DP_NORMALISATION = ["--average_tokens_across_devices", "false"]
 
@@ -33,8 +32,7 @@ def _run(smoke_runs, recipe, *args):
 def test_sp_matches_data_parallel_at_equal_tokens_per_step(smoke_runs, layout):
     if layout == "dp2-vs-sp2":
         dp = _run(smoke_runs, "zero3", "--num-processes", "2", "--", *ROWS, *PACKED, *DP_NORMALISATION)
-        sp = _run(smoke_runs, "alst-ulysses-4gpu", "--num-processes", "2", "--sp-size", "2", "--dp-shard-size", "1",
-                  "--", *ROWS, "--gradient_accumulation_steps", "2")
+        sp = _run(smoke_runs, "alst-ulysses-4gpu", "--num-processes", "2", *SP2_ROWS)  # ROWS, accumulation 2
     else:
         dp = _run(smoke_runs, "zero3", "--num-processes", "4", "--", *ROWS, *PACKED, *DP_NORMALISATION)
         sp = _run(smoke_runs, "alst-ulysses-4gpu", "--num-processes", "4", "--", *ROWS,

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import subprocess
@@ -68,22 +70,44 @@ def launch_in_process(*args, env=None, fault=None) -> subprocess.CompletedProces
 
 
 class SmokeRuns:
-    """Runs each (recipe, args) once per session; parity tests reuse the smoke tests' runs."""
+    """Runs each (recipe, args) once per test session; parity tests reuse the smoke tests' runs. Shared by the
+    session's pytest-xdist workers through `root` (a folder they all see): the first worker that needs a run makes
+    it under a file lock and stores its result next to it; a worker that needs it meanwhile waits on the lock, then
+    reads it. Without xdist the same, in one process."""
 
     def __init__(self, root: Path):
         self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
         self.done: dict[tuple, tuple[subprocess.CompletedProcess, dict]] = {}
+
+    def output_dir(self, recipe: str, *args: str) -> Path:
+        key = json.dumps([recipe, *map(str, args)])
+        return self.root / f"{recipe}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
     def run(self, recipe: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
         key = (recipe, *args)
         if key not in self.done:
-            out = self.root / f"{recipe}-{len(self.done)}"
-            proc = launch_in_process(recipe, "--smoke", "--cpu", "--output-dir", out, *args)
+            out = self.output_dir(recipe, *args)
+            result = out.with_name(out.name + ".result.json")
+            with open(out.with_name(out.name + ".lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this worker dies
+                if not result.is_file():
+                    proc = launch_in_process(recipe, "--smoke", "--cpu", "--output-dir", out, *args)
+                    result.write_text(json.dumps({"args": proc.args, "returncode": proc.returncode,
+                                                  "stdout": proc.stdout, "stderr": proc.stderr}))
+            saved = json.loads(result.read_text())
+            proc = subprocess.CompletedProcess(saved["args"], saved["returncode"], saved["stdout"], saved["stderr"])
             summary_path = RunFolder(out).summary
             summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
             self.done[key] = (proc, summary)
         return self.done[key]
 
+
+# alst-ulysses-4gpu as pure SP over 2 processes (sp 2 x dp 1), rows padded to 128 tokens (equal lengths, as gloo's
+# all-to-all needs), 6 steps of 2 micro-batches: tests/test_sp_parity.py's SP side against DP, and the one-machine
+# run that tests/test_multinode.py's two machines of one process each must equal (one run, shared)
+ROWS = ("--pad_to_multiple_of", "128", "--max_steps", "6")
+SP2_ROWS = ("--sp-size", "2", "--dp-shard-size", "1", "--", *ROWS, "--gradient_accumulation_steps", "2")
 
 PARITY_PLOTS = REPO / "outputs" / "parity-failures"
 
