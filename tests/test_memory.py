@@ -725,7 +725,7 @@ def test_cpu_mode_is_a_process_rss():
     names = [t.name for t in est.gpu_terms]
     assert not any("CUDA" in n for n in names) and any("process runtime" in n for n in names)
     assert "DeepSpeed engine runtime" in names and all(t.where == "host" for t in est.gpu_terms)
-    runtime = constants.CPU_RUNTIME_BASELINE_GIB + constants.CPU_DEEPSPEED_ENGINE_GIB
+    runtime = constants.CPU_RUNTIME_BASELINE_GIB + constants.CPU_DEEPSPEED_ENGINE_GIB  # the engine's holds the Trainer's
     assert est.host_terms == [] and runtime < est.gpu_peak_gib < runtime + 0.01  # a 82K-parameter model
     assert "per process (CPU)" in format_table(est, 16.0, None)
 
@@ -736,6 +736,32 @@ def test_cpu_runtime_constants_are_measured():
     assert abs(measured - constants.CPU_RUNTIME_BASELINE_GIB) < 0.1, measured
     engine = memory_measure.measure_cpu_deepspeed_engine_gib()
     assert abs(engine - constants.CPU_DEEPSPEED_ENGINE_GIB) < 0.1, engine
+
+
+# A ~35M-parameter Qwen3 (Qwen3's vocabulary, tied head): most of its parameters are the LM head, the shape where the
+# CPU plan underestimated the peak resident set (issue 28)
+QWEN3_35M = dict(model_type="qwen3", hidden_size=192, intermediate_size=768, num_hidden_layers=10,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=48, vocab_size=151936,
+                 tie_word_embeddings=True)
+
+
+@pytest.mark.slow
+def test_cpu_fused_lm_head_peak_is_measured():
+    """The loss term on CPU (fused_chunked, no Triton: TRL folds each [tokens x 32768] tile in torch ops, several
+    fp32 temporaries at once; fp32 grad_weight and grad_hidden returned as they are) against the resident-set growth
+    of a process running TRL's function at the smoke profile's 512 tokens per rank and the 35M model's LM head. The
+    planner's part of the loss that the function allocates: the tile temporaries, grad_weight, grad_hidden."""
+    arch = Architecture.from_config(QWEN3_35M)
+    recipe = load_recipe("ddp")
+    training = {**recipe["training"], "use_cpu": True, "bf16": False, "dtype": "float32",
+                "per_device_train_batch_size": 4, "max_length": 128, "attn_implementation": "sdpa"}
+    run = RunShape.from_configs({**recipe["accelerate"], "mixed_precision": "no", "num_processes": 2,
+                                 "num_machines": 1}, training, device="cpu")
+    n = run.layout.tokens_per_rank
+    assert run.loss == "fused_chunked" and n == 512
+    planned = terms.loss_bytes(arch, run)["fixed"] + constants.F32 * arch.hidden_size * n  # + grad_hidden
+    measured = memory_measure.measure_fused_lm_head_peak_bytes(n, arch.vocab_size, arch.hidden_size)
+    assert abs(planned / measured - 1) < 0.15, (planned / 2**20, measured / 2**20)
 
 
 # =====================================================================================================================

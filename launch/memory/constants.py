@@ -26,6 +26,13 @@ OVERHEAD = {"cuda_context_gib": 0.5, "nccl_gib": 0.5, "allocator_reserve": 0.02}
 # transformers 5.23, accelerate 1.15, deepspeed 0.19.8, trl 1.16, Python 3.11): VmRSS after the imports = 0.44 GiB
 # (`measure_cpu_runtime_baseline_gib()` re-measures it; tests/test_memory.py runs it when MEMORY_MEASURE=1).
 CPU_RUNTIME_BASELINE_GIB = 0.44
+# CPU mode: what a training process holds beyond those imports and its model terms -- the Trainer and Accelerator,
+# the gloo process group, the dataset and collator, trackio's run. MEASURED: peak RSS per process of
+# `python -m launch ddp --smoke --cpu --bench` (2 processes, the 82K-parameter smoke model, so the model terms are
+# < 0.01 GiB) = 0.55 GiB, minus the import baseline (0.44-0.49 GiB re-measured on the same machine): 0.06-0.11 GiB.
+# Re-measure: run that command and subtract; its "peak RSS per process" row then reads a ratio of about 1. The
+# zero3 smoke run peaks alike (0.55 GiB), so under DeepSpeed CPU_DEEPSPEED_ENGINE_GIB is taken to include it.
+CPU_TRAINER_RUNTIME_GIB = 0.1
 # CPU mode with DeepSpeed: what a ZeRO engine adds to a process beyond its model states (communication groups, the
 # optimizer wrapper, thread pools). MEASURED with a bare engine (one gloo process, a 0.5M-parameter model, ZeRO-2 and
 # ZeRO-3, default 5e8-element buckets): VmRSS after `deepspeed.initialize` and two steps minus before it =

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from launch.memory import adapters
 from launch.memory.architecture import Architecture
-from launch.memory.constants import CPU_DEEPSPEED_ENGINE_GIB, CPU_RUNTIME_BASELINE_GIB, LOSSES, OVERHEAD, gib, pow2
+from launch.memory.constants import (CPU_DEEPSPEED_ENGINE_GIB, CPU_RUNTIME_BASELINE_GIB, CPU_TRAINER_RUNTIME_GIB, LOSSES,
+                                     OVERHEAD, gib, pow2)
 from launch.memory.results import Estimate, Term
 from launch.memory.run_shape import RunShape
 from launch.memory.terms import (checkpointed_input_bytes, comm_buffer_bytes, gathered_param_bytes, kernel_length_limits,
@@ -196,9 +197,15 @@ def _overheads(run: RunShape, allocated: float) -> tuple[list[Term], float]:
                       "measured import baseline (CPU_RUNTIME_BASELINE_GIB)", "host")]
         runtime = CPU_RUNTIME_BASELINE_GIB
         if run.layout.sharding == "zero":
-            terms.append(Term("DeepSpeed engine runtime", CPU_DEEPSPEED_ENGINE_GIB,
-                              "measured bare-engine overhead (CPU_DEEPSPEED_ENGINE_GIB)", "host"))
+            # the smoke model's ddp and zero3 processes peak alike (0.55 GiB): the bare-engine measurement already
+            # holds what a training process adds (its process group, thread pools), so the trainer's is not added
+            terms.append(Term("DeepSpeed engine runtime", CPU_DEEPSPEED_ENGINE_GIB, "measured bare-engine overhead "
+                              "(CPU_DEEPSPEED_ENGINE_GIB; it covers CPU_TRAINER_RUNTIME_GIB)", "host"))
             runtime += CPU_DEEPSPEED_ENGINE_GIB
+        else:
+            terms.append(Term("training process (Trainer, gloo group, data, tracking)", CPU_TRAINER_RUNTIME_GIB,
+                              "measured smoke-run overhead (CPU_TRAINER_RUNTIME_GIB)", "host"))
+            runtime += CPU_TRAINER_RUNTIME_GIB
         return terms, gib(allocated) + runtime
     communicators = nccl_communicators(run)  # NCCL's buffers: one allowance per communicator (2-D meshes: several)
     distributed = communicators > 0

@@ -369,7 +369,9 @@ def loss_bytes(arch: Architecture, run: RunShape, n_tokens: int | None = None) -
       copy of the scored hidden states (`hidden_states[mask]`, saved for backward; the norm output itself is then
       free), fp32 per-token log_z and entropy and one 16-bit [4096 x 32768] tile; the backward allocates
       `grad_hidden` in fp32 for all local tokens, `grad_weight` in fp32 [vocab x hidden], the tile again, and
-      converts both to the parameter dtype before returning (fp32 and 16-bit copies alive together).
+      converts both to the parameter dtype before returning (fp32 and 16-bit copies alive together; one copy when
+      that dtype is fp32). On CPU (no Triton) every tile is folded in torch ops, with several fp32 tile-sized
+      temporaries alive at once (`fused_tile_temporaries_cpu`).
     full_logits -- the model's own loss (transformers ForCausalLMLoss, and TRL <= 0.29's SFTTrainer, which also kept
       `outputs.logits` for its entropy/accuracy metrics): 16-bit logits, `logits.float()`, fp32 log_softmax in the
       forward (2 + 4 + 4 bytes x vocab per token); at the start of the backward the saved fp32 log_softmax, the fp32
@@ -397,11 +399,28 @@ def loss_bytes(arch: Architecture, run: RunShape, n_tokens: int | None = None) -
         chunk = min(pow2(math.ceil(n / inc)), n) if n > 0 else 0
         fixed = a * chunk * V + p * V * H  # logits chunk + grad_weight
     else:  # fused_chunked: at its backward the norm output is gone (only the `hidden[mask]` copy is saved)
-        per_token = norm_saved + a * H + 2 * F32 + F32 * H + a * H  # copy, log_z + entropy, grad_hidden fp32 + 16-bit
-        tile = min(n, TRL_TOKEN_CHUNK) * min(V, TRL_VOCAB_CHUNK) * a if n > 0 else 0
-        # grad_weight only when the LM head trains (`ctx.needs_input_grad`): not under an adapter that leaves it frozen
-        fixed = tile + ((F32 + p) * V * H if adapters.lm_head_trains(arch, run) else 0)
+        # grad_hidden fp32, and its copy in the activation dtype unless that is fp32 (`.to(dtype)` of an fp32 tensor
+        # to fp32 returns the tensor itself)
+        per_token = norm_saved + a * H + 2 * F32 + F32 * H + (a * H if a < F32 else 0)  # copy, log_z + entropy
+        cells = min(n, TRL_TOKEN_CHUNK) * min(V, TRL_VOCAB_CHUNK) if n > 0 else 0
+        # the tile: folded in place by a Triton kernel on a GPU; on CPU by `_backward_tile` in torch ops, whose fp32
+        # temporaries are alive together (`fused_tile_temporaries_cpu`)
+        tile = cells * (F32 * fused_tile_temporaries_cpu() if run.device == "cpu" else a)
+        # grad_weight only when the LM head trains (`ctx.needs_input_grad`): not under an adapter that leaves it
+        # frozen; fp32, plus its copy in the parameter dtype unless that is fp32 too
+        fixed = tile + ((F32 + (p if p < F32 else 0)) * V * H if adapters.lm_head_trains(arch, run) else 0)
     return {"per_token": per_token, "fixed": fixed, "total": per_token * n + fixed}
+
+
+def fused_tile_temporaries_cpu() -> float:
+    """Tile-sized fp32 tensors alive at once in TRL 1.16's fused LM head backward without Triton (the CPU path,
+    trl/kernels/chunked_logprob.py `_backward_tile`, called on every [4096 x 32768] tile). Counted from its code at
+    the line `grad += grad_logprobs.unsqueeze(-1) * (is_target.float() - p)`: the projection buffer `mm_buf`, `y`,
+    `z`, `log_p`, `p`, `grad`, the difference `is_target.float() - p` (its `is_target.float()` operand already freed)
+    and the product: 8 fp32 tiles, plus the bool `is_target` (1 byte a cell: 1/4 tile). The forward's
+    `_forward_tile` holds fewer (mm_buf, z, e, e * z: 4). Checked against the resident set of a process running the
+    function at the 35M-parameter test shape (tests/test_memory.py `test_cpu_fused_lm_head_peak_is_measured`)."""
+    return 8 + 1 / F32
 
 
 def optimizer_step_bytes(arch: Architecture, run: RunShape) -> float:

@@ -49,3 +49,38 @@ print(rss() - before - states)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return int(out.stdout.strip().splitlines()[-1]) / 2**30
+
+
+def measure_fused_lm_head_peak_bytes(tokens: int, vocab: int, hidden: int) -> int:
+    """Resident-set growth of a fresh process over one forward + backward of TRL's fused LM head
+    (`ChunkedLogProbFunction`, the CPU path without Triton, fp32, SFTTrainer's outputs) at [tokens, hidden] x
+    [vocab, hidden]: the peak (VmHWM, reset through /proc/self/clear_refs once the inputs exist) minus the resident
+    set before the forward. A tiny call first imports what the backward imports lazily (trl.trainer.utils), so only
+    the function's own memory is counted. Runs a subprocess (~10 s)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import torch
+from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+import trl.trainer.utils  # the backward's lazy import, done before measuring
+def status(key):
+    return int([l for l in open('/proc/self/status') if l.startswith(key)][0].split()[1]) * 1024
+outputs = ("log_probs", "entropy", "is_top1")
+def step(n):
+    w = torch.nn.Parameter(torch.randn({vocab}, {hidden}) * 0.02)
+    h = torch.randn(n, {hidden}, requires_grad=True)
+    t = torch.randint(0, {vocab}, (n,))
+    return w, h, t
+w, h, t = step(8)
+(-ChunkedLogProbFunction.apply(h, w, None, t, 1.0, 32768, None, 1.0, outputs)[0].sum()).backward()
+del w, h, t
+w, h, t = step({tokens})
+before = status("VmRSS")
+open('/proc/self/clear_refs', 'w').write('5')  # VmHWM := VmRSS
+(-ChunkedLogProbFunction.apply(h, w, None, t, 1.0, 32768, None, 1.0, outputs)[0].sum()).backward()
+print(status("VmHWM") - before)
+"""
+    env = {**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    return int(out.stdout.strip().splitlines()[-1])
