@@ -268,3 +268,51 @@ def test_bench_search_refuses_a_machine_without_gpus(capsys):
     rc = main(["bench", "ring-cp-8gpu", "--max-length", "auto"])
     err = capsys.readouterr().err
     assert rc == 2 and "it has none" in err and "python -m launch plan" in err
+
+
+def test_the_callback_records_attention_backend_checkpointing_and_liger_from_the_run(tmp_path):
+    """The rank records its setup from its resolved arguments and model, and the SDPA backend the dispatcher picks
+    for the first attention call (on CPU: torch's CPU flash kernel for these shapes), asked once, then unhooked."""
+    import torch
+
+    class Attention(torch.nn.Module):
+        config = SimpleNamespace(_attn_implementation="sdpa")
+
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 16)
+            self.calls = 0
+
+        def get_input_embeddings(self):
+            return self.embed
+
+        def forward(self, ids):
+            x = self.embed(ids).view(ids.shape[0], 1, ids.shape[1], 16)
+            self.calls += 1
+            return torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
+
+    model = Attention()
+    args = SimpleNamespace(activation_checkpointing=True, activation_checkpointing_kwargs={"offload": True},
+                           use_liger_kernel=False, activation_offloading=False)
+    plain_run = measure.measure_callback(tmp_path / "plain", warmup=0, sync_every_step=False)
+    plain_run.on_train_begin(args, SimpleNamespace(global_step=0, max_steps=2), None, model=model)
+    assert not model._forward_pre_hooks and plain_run.setup["sdpa_backend"] is None  # no probe outside --bench
+    cb = measure.measure_callback(tmp_path, warmup=0, sync_every_step=True)  # --bench
+    state = SimpleNamespace(global_step=0, max_steps=2)
+    cb.on_train_begin(args, state, None, model=model)
+    for _ in range(2):
+        cb.on_step_begin(args, state, None)
+        model(torch.zeros(2, 8, dtype=torch.long))
+        state.global_step += 1
+        cb.on_step_end(args, state, None)
+    cb.on_train_end(args, state, None)
+    setup = json.loads((tmp_path / "rank0.json").read_text())["setup"]
+    assert setup == {"attn_implementation": "sdpa", "sdpa_backend": "FLASH_ATTENTION", "sdpa_device": "cpu",
+                     "checkpointing": "on + offload", "checkpointing_by": "transformers", "liger": False,
+                     "adapter": None}
+    assert not model._forward_pre_hooks and not model._forward_hooks  # the probe is gone after the first forward
+    plain = measure.run_setup(SimpleNamespace(gradient_checkpointing=False, use_liger_kernel=True), model)
+    assert plain["checkpointing"] == "off" and plain["liger"] is True
+    assert measure.run_setup(None, None)["checkpointing"] is None  # unknown, not "off"
+    model.peft_config = {"default": SimpleNamespace(peft_type=SimpleNamespace(value="LORA"))}
+    assert measure.run_setup(None, model)["adapter"] == "LORA"

@@ -1,6 +1,13 @@
-"""benchmarks/gpu/check.py end to end on CPU (`--cpu --tiny`: a tiny Qwen3 config, one process, 1 warm-up + 1
-measured step, 64 tokens; the ALST search replaced by the planner's figure and a dry run), and its report's format
-for GPU rows, which this machine cannot produce."""
+"""benchmarks/gpu/check.py end to end on CPU (`--cpu --tiny`: a tiny Qwen3 config, one process, 2 measured steps, 64
+tokens; the ALST search replaced by the planner's figure and a dry run), and its report's format for GPU rows, which
+this machine cannot produce.
+
+--tiny runs the recipes ddp and zero3 only (`TINY_RECIPES`), not the GPU default's fsdp2 and lora: one run that
+Accelerate leaves unwrapped and one that DeepSpeed wraps cover every code path of the script (launch, the rank's
+recorded setup, the spread, the memory beside the planner, the report), and each more recipe is a `python -m launch`
+subprocess of 30-60 s on the 2-core CI machine. The step count is as before the spread was added (2 steps), so this
+test costs what it did (`time` of the tiny check on the loaded 2-core machine: 144 s wall / 44.4 s user before,
+83 s wall / 43.5 s user after; the wall time follows the machine's load)."""
 
 from __future__ import annotations
 
@@ -44,7 +51,30 @@ def test_the_tiny_check_runs_end_to_end_on_cpu(tiny_check):
     # throughput: ddp and ZeRO-3, one process each, through `python -m launch` on synthetic inputs
     rows = {r["recipe"]: r for r in raw["throughput"]}
     assert set(rows) == {"ddp", "zero3"}
+    assert rows["ddp"]["layout"] == "DDP, 1 process (Accelerate wraps nothing)"
+    assert rows["zero3"]["layout"] == "DeepSpeed ZeRO-3, 1 process"
     for recipe, row in rows.items():
+        summary = json.loads((root / "work" / f"{recipe}-tiny-64" / "run_summary.json").read_text())
+        # what the rank ran, recorded by the rank: SDPA, and the backend torch's dispatcher picked on CPU
+        setup = row["setup"]
+        assert setup["attn_implementation"] == "sdpa" and setup["sdpa_device"] == "cpu"
+        assert setup["sdpa_backend"] == "FLASH_ATTENTION"  # torch's CPU flash kernel for these unmasked fp32 rows
+        recipe_ckpt = "activation_checkpointing: true" in (REPO / "recipes" / recipe / "config.yaml").read_text()
+        assert setup["checkpointing"] == ("on" if recipe_ckpt else "off")
+        assert setup["liger"] is False and "--use_liger_kernel false" in " ".join(summary["command"])
+        assert setup["adapter"] is None
+        # spread: median and range of the measured steps, the bench's own per-step figures
+        per_step = summary["bench"]["per_step"]
+        spread = row["spread"]
+        assert spread["steps"] == len(per_step) == 2
+        times = sorted(s["time_s"] for s in per_step)
+        assert spread["step_s"] == {"median": pytest.approx(sum(times) / 2), "min": times[0], "max": times[1]}
+        tps = spread["tokens_per_s_per_gpu"]
+        assert 0 < tps["min"] <= tps["median"] <= tps["max"]
+        assert row["published"] is None  # REFERENCE.md has no figure for a tiny CPU model
+        assert (f"| tiny | {recipe} | {row['layout']} | sdpa: flash (torch's CPU kernel) | {setup['checkpointing']} "
+                f"| off | 64 | 256 | {spread['step_s']['median']:.3f} [{times[0]:.3f}-{times[1]:.3f}] | "
+                f"{tps['median']:,.0f} [{tps['min']:,.0f}-{tps['max']:,.0f}] | - | - |") in report
         assert row["result"] == "trains", row
         assert row["command"].startswith(f"python -m launch {recipe} --num-processes 1")
         assert "--synthetic" in row["command"]
@@ -53,7 +83,8 @@ def test_the_tiny_check_runs_end_to_end_on_cpu(tiny_check):
         measured, predicted, ratio = row["memory"]["peak RSS per process"]
         assert measured > 0 and predicted > 0 and ratio == pytest.approx(measured / predicted)
         assert (root / "work" / f"{recipe}-tiny-64" / "run_summary.json").is_file()
-    assert "| tiny | ddp | 64 | 256 |" in report and "| tiny | zero3 | 64 | 256 |" in report
+    assert report.count("| none published | trains |") == 2
+    assert "1 process" in report and "0 warm-up + 2 measured steps" in report
     assert "MFU not given: a CPU run has no GPU peak to compare with." in report
     # ALST: no search on CPU, said so; the planner's figure for the real Llama-3.1-8B config on one 80 GB GPU
     alst = raw["alst"]
@@ -94,14 +125,41 @@ def test_a_gpu_report_shows_mfu_and_memory_beside_the_planner():
     row = {"model": "Qwen3-0.6B", "recipe": "ddp", "max_length": 2048, "result": "trains", "tokens_per_step": 8192,
            "step_s": 0.25, "tokens_per_s_per_gpu": 32768.0, "mfu": 0.452, "mfu_causal": 0.421,
            "memory": {"peak allocated (torch)": (20.0, 21.0, 20 / 21), "peak reserved (torch)": (22.0, 21.4, 22 / 21.4),
-                      "device memory in use (driver)": (23.0, 21.9, 23 / 21.9)}}
-    refused = {"model": "Qwen3-8B", "recipe": "ddp", "max_length": 8192,
+                      "device memory in use (driver)": (23.0, 21.9, 23 / 21.9)},
+           "layout": "DDP, 1 process (Accelerate wraps nothing)",
+           "published": check.published("Qwen3-0.6B", "ddp", 2048),
+           "setup": {"attn_implementation": "sdpa", "sdpa_backend": "CUDNN_ATTENTION", "sdpa_device": "cuda",
+                     "checkpointing": "on", "checkpointing_by": "transformers", "liger": True, "adapter": None},
+           "spread": {"steps": 10, "step_s": {"median": 0.25, "min": 0.248, "max": 0.262},
+                      "tokens_per_s_per_gpu": {"median": 32768.0, "min": 31268.0, "max": 33032.0}}}
+    fsdp = {**row, "model": "Qwen3-1.7B", "recipe": "fsdp2", "layout": "FSDP2, 1 process",
+            "published": check.published("Qwen3-1.7B", "fsdp2", 2048), "tied_embeddings": True,
+            "setup": {**row["setup"], "sdpa_backend": "FLASH_ATTENTION", "checkpointing": "on + offload",
+                      "checkpointing_by": "FSDP", "liger": False}}
+    lora = {**row, "model": "Qwen3-8B", "recipe": "lora", "layout": "DDP, 1 process (Accelerate wraps nothing)",
+            "published": check.published("Qwen3-8B", "lora", 2048), "setup": {**row["setup"], "adapter": "LORA"}}
+    refused = {"model": "Qwen3-8B", "recipe": "ddp", "max_length": 8192, "tied_embeddings": False,
+               "published": check.published("Qwen3-8B", "ddp", 8192),
                "result": "refused: the planner predicts 96.3 GiB, the GPU has 79.1 (--force runs it)"}
     a = check.parse([])
-    text = check.markdown(env, None, [row, refused], None, a, [])
+    assert a.recipes.split(",") == ["ddp", "zero3", "fsdp2", "lora"] and a.steps > 5  # the GPU default
+    assert check.parse(["--tiny"]).recipes == "ddp,zero3"
+    text = check.markdown(env, None, [row, fsdp, lora, refused], None, a, [])
     assert text.startswith("# One-GPU check: NVIDIA H100 80GB HBM3, 2026-11-24")
     assert "power limit 700.00 W), driver 580.65, CUDA 13.0" in text
-    assert ("| Qwen3-0.6B | ddp | 2,048 | 8,192 | 0.250 | 32,768 | 45.2% | 42.1% | 20.0 (21.0, 0.95) | "
-            "22.0 (21.4, 1.03) | 23.0 (21.9, 1.05) | trains |") in text
-    assert "| Qwen3-8B | ddp | 8,192 | - | - | - | - | - | - | - | - | refused: the planner predicts 96.3 GiB" in text
+    assert ("| Qwen3-0.6B | ddp | DDP, 1 process (Accelerate wraps nothing) | sdpa: cuDNN | on | on | 2,048 | 8,192 | "
+            "0.250 [0.248-0.262] | 32,768 [31,268-33,032] | 45.2% | 42.1% | 20.0 (21.0, 0.95) | 22.0 (21.4, 1.03) | "
+            "23.0 (21.9, 1.05) | none published | trains |") in text
+    assert ("| Qwen3-1.7B | fsdp2 | FSDP2, 1 process | sdpa: flash | on + offload (FSDP) | off | 2,048 |") in text
+    assert "| 41.8% MFU non-causal [1] | trains |" in text
+    assert "| Qwen3-8B | lora | DDP, 1 process (Accelerate wraps nothing) + LORA adapter |" in text
+    assert ("| Qwen3-8B | ddp | - | not recorded | not recorded | not recorded | 8,192 | - | - | - | - | - | - | - "
+            "| - | 37.1% MFU non-causal [2] | refused: the planner predicts 96.3 GiB") in text
+    # each reference: its source, and whether our non-causal column equals torchtitan's (only for untied models)
+    assert "[1] llm-foundry's 1B model, bf16, 8 x H100, FSDP" in text
+    assert "Qwen3-1.7B has tied embeddings, so they are NOT equal" in text
+    assert "[2] llm-foundry's 7B model" in text and "Qwen3-8B has untied embeddings, so the two conventions are equal" \
+        in text
+    assert check.published("Qwen3-4B", "zero3", 8192)["kind"] == "tokens/s"
+    assert check.published("Qwen3-0.6B", "zero3", 8192) is None
     assert check.REFUSED.search("The planner predicts 96.3 GiB per GPU and the GPUs here have 79.1 GiB: ...")

@@ -20,7 +20,11 @@ enough for every run:
   peak reservation, so the value at a mark is the peak's), the process's peak resident set (`ru_maxrss`, whole
   lifetime) and the host memory in use (psutil);
 - the device name and, where pynvml is importable, the GPU's enforced power limit (a 500 W H100 is slower than a
-  700 W one).
+  700 W one);
+- the run's setup, as resolved in the rank (`run_setup`): the model's attention implementation, the SDPA backend the
+  dispatcher picked for the first attention call (`torch._fused_sdp_choice` on that call's own arguments, read
+  under a TorchFunctionMode during the first forward of a `--bench` run only, then removed: cuDNN and flash differ
+  1.7-2.3x on Hopper), the checkpointing mode (off / on / on + offload) and Liger on or off.
 Warm-up steps (default 2: optimizer states allocated, kernels compiled, caches filled) are not measured.
 
 Rank side: imports nothing of the launcher but `launch.rank.run_files` (names only).
@@ -65,11 +69,15 @@ def measure_callback(folder: Path, warmup: int, sync_every_step: bool | None = N
             self.hook = None
             self.memory: dict = {}
             self.device: dict = {}  # name and power limit, read once
+            self.setup: dict = {}  # attention, SDPA backend, checkpointing, Liger (run_setup)
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             embeddings = model.get_input_embeddings() if model is not None else None
             if embeddings is not None:
                 self.hook = embeddings.register_forward_pre_hook(self._count)
+            self.setup = run_setup(args, model)
+            if model is not None and sync_every_step:  # --bench only: a plain run's first forward stays untouched
+                _probe_sdpa(model, self.setup)
 
         def _count(self, module, inputs):
             if inputs and hasattr(inputs[0], "numel") and module.training:
@@ -120,7 +128,7 @@ def measure_callback(folder: Path, warmup: int, sync_every_step: bool | None = N
         def _write(self):
             if not self.device:
                 self.device = {"device": _device_name(), "power_limit_w": _power_limit_w()}
-            info = {"rank": rank, "warmup": warmup, **self.device,
+            info = {"rank": rank, "warmup": warmup, **self.device, "setup": self.setup,
                     "sync_every_step": sync_every_step, "steps": self.steps, "marks": self.marks,
                     "memory": self.memory or _memory_now(cuda)}
             try:
@@ -143,6 +151,82 @@ def measure_callback(folder: Path, warmup: int, sync_every_step: bool | None = N
         return out
 
     return MeasureCallback()
+
+
+def run_setup(args, model) -> dict:
+    """What the rank runs, from its resolved training arguments and model (None where it cannot be read):
+    attention implementation, checkpointing mode (transformers' activation checkpointing and its `offload`, TRL's
+    activation offloading, or FSDP's own activation checkpointing from Accelerate's plugin), Liger on or off.
+    `sdpa_backend` is filled in by the first forward (`_probe_sdpa`)."""
+    config = getattr(model, "config", None)
+    ckpt = bool(getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None))
+    ckpt_kwargs = getattr(args, "activation_checkpointing_kwargs", None) or \
+        getattr(args, "gradient_checkpointing_kwargs", None) or {}
+    offload = isinstance(ckpt_kwargs, dict) and bool(ckpt_kwargs.get("offload"))
+    by = "transformers" if ckpt else None
+    if not ckpt:
+        plugin = _fsdp_plugin()
+        if plugin is not None and getattr(plugin, "activation_checkpointing", False):
+            ckpt, by = True, "FSDP"
+            offload = bool(getattr(plugin, "activation_checkpointing_offload", False))
+    if args is None:
+        mode = None
+    else:
+        mode = ("on + offload" if offload else "on") if ckpt else "off"
+        if getattr(args, "activation_offloading", False):  # TRL: the whole step's saved tensors in host memory
+            mode += " + TRL activation offloading"
+    liger = getattr(args, "use_liger_kernel", None)
+    peft = getattr(model, "peft_config", None)  # a PEFT model: {adapter name: its config}
+    adapters = sorted({str(getattr(c.peft_type, "value", c.peft_type)) for c in peft.values()}) \
+        if isinstance(peft, dict) else []
+    return {"attn_implementation": getattr(config, "_attn_implementation", None), "sdpa_backend": None,
+            "checkpointing": mode, "checkpointing_by": by, "liger": None if liger is None else bool(liger),
+            "adapter": ", ".join(adapters) or None}
+
+
+def _fsdp_plugin():
+    """Accelerate's FSDP plugin of this process, if its state is initialised (never initialises it)."""
+    try:
+        from accelerate.state import AcceleratorState
+
+        return getattr(AcceleratorState(), "fsdp_plugin", None) if AcceleratorState._shared_state else None
+    except Exception:  # noqa: BLE001 - no Accelerate state: no FSDP checkpointing to report
+        return None
+
+
+def _probe_sdpa(model, setup: dict) -> None:
+    """Record in setup["sdpa_backend"] the backend SDPA's dispatcher picks for the first attention call of the first
+    forward (e.g. "CUDNN_ATTENTION", "FLASH_ATTENTION"; on CPU FLASH_ATTENTION is torch's CPU flash kernel), asked
+    with that call's own tensors and arguments. The mode is pushed in the model's forward pre-hook and popped in its
+    forward hook, both removed after the first forward: a Python hop per torch call during one forward only."""
+    import torch
+    from torch.nn.attention import SDPBackend
+    from torch.overrides import TorchFunctionMode
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    class Probe(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is sdpa and setup["sdpa_backend"] is None:
+                try:
+                    setup["sdpa_backend"] = SDPBackend(torch._fused_sdp_choice(*args, **kwargs)).name
+                except Exception as exc:  # noqa: BLE001 - the dispatcher cannot be asked: say so, never guess
+                    setup["sdpa_backend"] = f"not recorded ({type(exc).__name__})"
+                setup["sdpa_device"] = args[0].device.type if args else None
+            return func(*args, **kwargs)
+
+    probe, handles = Probe(), []
+
+    def enter(module, inputs):
+        probe.__enter__()
+
+    def leave(module, inputs, output):
+        probe.__exit__(None, None, None)
+        for h in handles:
+            h.remove()
+
+    handles += [model.register_forward_pre_hook(enter), model.register_forward_hook(leave)]
 
 
 def _device_name() -> str:
