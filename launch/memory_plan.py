@@ -10,6 +10,7 @@ model's config.json (`launch.hub`: a local folder, the hub cache, or the hub whe
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 from launch import hub, memory
@@ -44,9 +45,23 @@ def architecture(model: hub.ModelConfig) -> memory.Architecture:
 
 
 def run_shape(setup) -> memory.RunShape:
-    """The memory model's view of a resolved run: its layout, configs and checkpointing, each resolved once."""
-    return memory.RunShape.from_layout(setup.layout, setup.accelerate, setup.training, setup.checkpointing,
-                                       device="cpu" if setup.options.cpu else "gpu")
+    """The memory model's view of a resolved run: its layout, configs and checkpointing, each resolved once, and the
+    allocator setting the ranks will run with."""
+    shape = memory.RunShape.from_layout(setup.layout, setup.accelerate, setup.training, setup.checkpointing,
+                                        device="cpu" if setup.options.cpu else "gpu")
+    return replace(shape, expandable_segments=expandable_segments(setup.recipe.config.get("env") or {}, os.environ))
+
+
+def expandable_segments(config_env: dict, environ) -> bool:
+    """Whether the ranks' CUDA caching allocator runs with `expandable_segments:True`: PYTORCH_ALLOC_CONF (PyTorch
+    2.9's name) or PYTORCH_CUDA_ALLOC_CONF, each a comma-separated `option:value` list, as the ranks see them -- the
+    recipe config's `env:` block (TRL's parser sets it in each rank, over the inherited environment) first."""
+    for source in (config_env, environ):
+        for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+            if source.get(name) is not None:
+                options = dict(o.split(":", 1) for o in str(source[name]).replace(" ", "").split(",") if ":" in o)
+                return options.get("expandable_segments", "False").lower() in ("true", "1")
+    return False
 
 
 @dataclass

@@ -930,3 +930,37 @@ def test_nccl_allowance_per_communicator():
     assert terms.nccl_communicators(relayout(run, world_size=1, mesh=mesh())) == 0
     ctx = {t.name: t.gib for t in estimate(ARCH["Qwen/Qwen3-8B"], two_d).gpu_terms}["CUDA context + NCCL buffers"]
     assert ctx == constants.OVERHEAD["cuda_context_gib"] + 3 * constants.OVERHEAD["nccl_gib"]
+
+
+def test_large_transients_without_expandable_segments_get_a_note():
+    """Issue 28: fragmentation is one 2% model, whatever the allocator setting. The run's PYTORCH_CUDA_ALLOC_CONF
+    (the config's env: block over the inherited environment, as TRL's parser sets it in each rank) now reaches the
+    memory model: a GPU run whose largest phase transient is >= 1/3 of its allocated peak and >= 8 GiB without
+    expandable segments gets a note saying so. Every shipped recipe that has such a transient sets them (the note
+    appears only once the setting is taken away); the CPU path never gets the note."""
+    from launch.memory.estimate import LARGE_TRANSIENT_GIB, LARGE_TRANSIENT_SHARE
+    from launch.memory_plan import expandable_segments
+
+    assert expandable_segments({}, {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6,expandable_segments:True"})
+    assert expandable_segments({}, {"PYTORCH_ALLOC_CONF": "expandable_segments:True"})  # PyTorch >= 2.9's name
+    # the config's env: wins over the environment the ranks inherit
+    assert not expandable_segments({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"},
+                                   {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert not expandable_segments({}, {})
+    noted = []
+    for name in RECIPES:
+        arch, run = recipe_run(name)
+        env = yaml.safe_load((REPO / "recipes" / name / "config.yaml").read_text()).get("env") or {}
+        run = replace(run, expandable_segments=expandable_segments(env, {}))
+        without = estimate(arch, replace(run, expandable_segments=False))
+        big = [n for n in without.notes if "expandable_segments" in n]
+        if big:
+            noted.append(name)
+            assert run.expandable_segments, f"{name}: {big[0]}"  # shipped with the setting on
+            assert not [n for n in estimate(arch, run).notes if "expandable_segments" in n]
+            size, share = float(big[0].split(" GiB")[0].split()[-1]), float(big[0].split("(")[1].split("%")[0]) / 100
+            assert size >= LARGE_TRANSIENT_GIB and share >= LARGE_TRANSIENT_SHARE - 0.005
+    # the 33 GiB per-layer transient the issue names; ALST's 53 GiB one; not the ordinary 1-8 GiB ones
+    assert set(noted) == {"ring-cp-4gpu", "ring-cp-8gpu", "alst-ulysses-8gpu"}
+    arch, run = recipe_run("ring-cp-8gpu")
+    assert all("expandable_segments" not in n for n in estimate(arch, replace(run, device="cpu")).notes)

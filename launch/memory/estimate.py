@@ -44,7 +44,7 @@ def estimate(arch: Architecture, run: RunShape) -> Estimate:
         allocated_peak_gib=total if run.device == "cpu" else gib(phases.allocated),
         peak_phase=phases.peak,
         device=run.device,
-        notes=_kernel_notes(arch, run),
+        notes=_kernel_notes(arch, run) + _allocator_notes(run, phases),
     )
 
 
@@ -214,7 +214,8 @@ def _overheads(run: RunShape, allocated: float) -> tuple[list[Term], float]:
     terms = [Term("CUDA context" + (" + NCCL buffers" if distributed else ""), ctx,
                   "fixed per process (OVERHEAD)" + (f"; {communicators} NCCL communicators (mesh dimensions)"
                                                     if communicators > 1 else ""), "gpu"),
-             Term("allocator reserve (fragmentation)", reserve, "PYTORCH_CUDA_ALLOC_CONF (global 2% model)", "gpu")]
+             Term("allocator reserve (fragmentation)", reserve, "global 2% model; PYTORCH_CUDA_ALLOC_CONF "
+                  + ("expandable_segments:True" if run.expandable_segments else "without expandable_segments"), "gpu")]
     return terms, gib(allocated) + ctx + reserve
 
 
@@ -277,6 +278,31 @@ def _kernel_notes(arch: Architecture, run: RunShape) -> list[str]:
     length = run.layout.max_length
     return [f"max_length {length} exceeds a kernel limit: {reason} -> at most {limit}"
             for reason, limit in kernel_length_limits(arch, run) if length > limit]
+
+
+# A transient at least this share of the allocated peak and this large is where the caching allocator's
+# fragmentation can outgrow the 2% model without expandable segments: freed multi-GiB blocks of one phase cannot be
+# split for the next phase's differently sized tensors (PyTorch's CUDA notes recommend expandable_segments for jobs
+# whose allocation sizes change); ALST's published examples export it (ArcticTraining,
+# projects/sequence-parallelism/README.md); the allocator setting of the run the 2% bound comes from is not
+# recorded. Stated thresholds for a note, not fitted figures: at the shipped GPU defaults ordinary transients are
+# 10-21% of the peak and 1-8 GiB (ddp 1.2 GiB, fsdp2-70b 7.6 GiB), the long-context ones 51-90% and 33-53 GiB.
+LARGE_TRANSIENT_SHARE = 1 / 3
+LARGE_TRANSIENT_GIB = 8.0
+
+
+def _allocator_notes(run: RunShape, phases: Phases) -> list[str]:
+    """On a GPU without expandable segments: a note when one phase's transient (a layer's recompute and backward, or
+    the loss) is a large share of the peak and several GiB, where fragmentation can outgrow the 2% modelled."""
+    if run.device == "cpu" or run.expandable_segments:
+        return []
+    transient = max(phases.layer, phases.loss)
+    if transient < LARGE_TRANSIENT_SHARE * phases.allocated or gib(transient) < LARGE_TRANSIENT_GIB:
+        return []
+    return [f"one phase's transient tensors take {gib(transient):.1f} GiB per GPU ({transient / phases.allocated:.0%} "
+            "of the allocated peak) and PYTORCH_CUDA_ALLOC_CONF does not set expandable_segments:True: the caching "
+            "allocator's fragmentation may then exceed the 2% planned. Set it in the config's env: block, as "
+            "alst-ulysses-8gpu does"]
 
 
 def fits(est: Estimate, gpu_memory_gib: float, host_memory_gib: float | None = None) -> bool:

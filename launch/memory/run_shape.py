@@ -73,6 +73,10 @@ class RunShape:
     # FSDP's `fsdp_cpu_ram_efficient_loading`: rank 0 alone reads the weights into host memory, the others start on
     # the meta device and receive their shards by broadcast
     cpu_ram_efficient_loading: bool = False
+    # PyTorch's caching allocator with `expandable_segments:True` (PYTORCH_CUDA_ALLOC_CONF, from the config's `env:` or
+    # the environment the ranks inherit): freed blocks of a multi-GiB transient are reused by differently sized
+    # ones, which is what the 2% fragmentation model (OVERHEAD) was calibrated with
+    expandable_segments: bool = False
 
     def __post_init__(self):
         if not self.layout.max_length:
