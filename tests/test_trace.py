@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from launch.adapter import Adapter
 from launch.layout import Layout
 from launch.memory import Architecture, RunShape, estimate
 from launch.memory import trace as tracing
@@ -29,6 +30,9 @@ def layout(kind: str, world: int, length: int, batch: int = 1, accumulation: int
                   pad_to_multiple_of=1)
 
 
+LORA = Adapter.from_training({"use_peft": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0,
+                              "lora_target_modules": ["all-linear"]})
+
 CASES = {
     "one process (no DDP wrapper)": (TINY, RunShape(layout("ddp", 1, 2048, 2), attn_implementation="sdpa")),
     "DDP, 2 processes": (TINY, RunShape(layout("ddp", 2, 2048, 2), attn_implementation="sdpa")),
@@ -46,6 +50,9 @@ CASES = {
     "FSDP2 over 2 ranks": (TINY, RunShape(layout("fsdp2", 2, 4096), attn_implementation="sdpa")),
     "FSDP2 over 4 ranks, long, offload": (TINY, RunShape(layout("fsdp2", 4, 32768), attn_implementation="sdpa",
                                                          offload_activations=True)),
+    # LoRA (the lora recipe's adapter: r 16, alpha 32, all linear layers) on a frozen bf16 base
+    "LoRA, DDP, 2 processes": (TINY, RunShape(layout("ddp", 2, 4096, 2), attn_implementation="sdpa",
+                                              adapter=LORA)),
 }
 
 
@@ -64,6 +71,15 @@ def test_trace_sees_the_offloaded_checkpoints_on_the_host():
     arch = Architecture.from_config(config)
     # one [tokens, hidden] bf16 copy per layer went to the host
     assert traced.host_gib * 2**30 == pytest.approx(arch.num_layers * 32768 * arch.hidden_size * 2, rel=1e-6)
+
+
+def test_lora_traces_under_ddp_and_says_why_not_under_fsdp():
+    """The lora recipe's layout (DDP, a frozen base with a LoRA adapter) is traced above; QLoRA and LoRA under FSDP
+    are refused in one line each."""
+    fsdp = RunShape(layout("fsdp2", 2, 4096), attn_implementation="sdpa", adapter=LORA)
+    assert "LoRA under FSDP" in tracing.untraceable(fsdp)
+    qlora = Adapter.from_training({"use_peft": True, "load_in_4bit": True, "lora_target_modules": ["all-linear"]})
+    assert "QLoRA" in tracing.untraceable(RunShape(layout("ddp", 2, 4096), adapter=qlora))
 
 
 def test_untraceable_layouts_say_why_in_one_line():

@@ -81,8 +81,13 @@ def untraceable(run: RunShape) -> str | None:
                 "registered\")")
     if run.tiled_mlp:
         return "DeepSpeed's TiledMLP is not traced (a DeepSpeed autograd function outside a DeepSpeed-free build)"
-    if run.adapter is not None:
-        return "LoRA / QLoRA adapters are not traced yet (PEFT and bitsandbytes under fake tensors are not wired)"
+    if run.adapter is not None and run.adapter.quantization is not None:
+        return "QLoRA's 4-bit base is not traced (bitsandbytes' quantized storage under fake tensors is not wired)"
+    if run.adapter is not None and (run.adapter.use_dora or run.adapter.modules_to_save):
+        return "DoRA and modules_to_save adapters are not traced (only plain LoRA is wired)"
+    if run.adapter is not None and run.layout.sharding == "fsdp":
+        return ("LoRA under FSDP is not traced: torch's MemTracker hooks every parameter FSDP gathers, and a frozen "
+                "base's gathered parameters refuse gradient hooks")
     if run.liger_kernels:
         return "Liger's Triton kernels cannot run under fake tensors on a CPU build"
     return None
@@ -228,11 +233,13 @@ def trace(config, run: RunShape, *, analytic=None) -> Traced:
         try:
             model = AutoModelForCausalLM.from_config(config, dtype=weights, attn_implementation="sdpa")
             model.config.use_cache = False
+            if run.adapter is not None:  # TRL's SFTTrainer: get_peft_model on the loaded model, base frozen
+                model = _lora(model, run.adapter)
             model.train()
             if run.gradient_checkpointing:
                 model.activation_checkpointing_enable({"use_reentrant": False},
                                                       offload=bool(run.offload_activations and gpu))
-            add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
+            add_fused_lm_head(_base(model), outputs=("log_probs", "entropy", "is_top1"))
             if fsdp:
                 _fully_shard(model, run, mesh, torch)
             optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5,
@@ -262,6 +269,26 @@ def trace(config, run: RunShape, *, analytic=None) -> Traced:
                   time.perf_counter() - start)
 
 
+def _lora(model, adapter):
+    """PEFT's LoRA on the model as TRL's `get_peft_config` builds it from the same fields (launch.adapter.Adapter)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    targets = list(adapter.target_modules) if isinstance(adapter.target_modules, tuple) else adapter.target_modules
+    config = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout, target_modules=targets,
+                        use_rslora=adapter.use_rslora, task_type="CAUSAL_LM")
+    # PEFT moves each new LoRA module to its base layer's device (`Module.to(device)`, which swaps fake parameters and
+    # fails on their weak references); in the trace every tensor is on the one stand-in device already, and PEFT
+    # casts the adapter's dtype tensor by tensor (fp32, `autocast_adapter_dtype`), so module moves are skipped
+    with _patched(torch.nn.Module, "to", lambda self, *_a, **_k: self):
+        return get_peft_model(model, config)
+
+
+def _base(model):
+    """The transformers model under a PEFT wrapper (the model itself without one)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def _fully_shard(model, run: RunShape, mesh, torch) -> None:
     """Accelerate's `fsdp2_prepare_model` for one rank: fp32 upcast of the trainable parameters under mixed
     precision, `fully_shard` on every decoder layer, the embedding, the tail and the root,
@@ -276,15 +303,16 @@ def _fully_shard(model, run: RunShape, mesh, torch) -> None:
             if p.requires_grad and p.dtype != torch.float32:
                 p.data = p.data.to(torch.float32)
     kwargs = {"mesh": mesh, "reshard_after_forward": run.fsdp_reshard_after_forward, "mp_policy": mp}
-    for layer in model.model.layers:
+    base = _base(model)
+    for layer in base.model.layers:
         fully_shard(layer, **kwargs)
     # Accelerate 1.15 carves the embedding (untied) and a tail [final norm, (embedding,) LM head] into units of
     # their own, the tail with reshard_after_forward=False (gathered from the forward's end to its backward)
-    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    embed, head = base.get_input_embeddings(), base.get_output_embeddings()
     tied = embed.weight is head.weight
     if not tied:
         fully_shard(embed, **kwargs)
-    fully_shard([model.model.norm, embed, head] if tied else [model.model.norm, head],
+    fully_shard([base.model.norm, embed, head] if tied else [base.model.norm, head],
                 **{**kwargs, "reshard_after_forward": False})
     fully_shard(model, **kwargs)
 
@@ -315,6 +343,14 @@ def _peak_only(tracker_class):
     return PeakOnly
 
 
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+_NO_HOOK = _NoHook()
+
+
 def _run_step(model, optimizer, ids, fsdp: bool, autocast: bool, act, torch):
     """Forward (TRL's fused loss), backward, optimizer step under the tracker: (peak bytes on the device, bytes per
     category at that peak, peak bytes on the `meta` stand-in for the host)."""
@@ -324,6 +360,11 @@ def _run_step(model, optimizer, ids, fsdp: bool, autocast: bool, act, torch):
     # `fully_shard` over [norm, LM head]); MemTracker sees the same allocations, in coarser categories (the gathered
     # parameters and the collectives' buffers count as temporaries or activations)
     tracker = _peak_only(MemTracker)()
+    # MemTracker registers a gradient hook on every parameter, which torch refuses for a frozen one (a LoRA base):
+    # marked as hooked already (a frozen parameter never gets a gradient, so its hook would never fire)
+    for p in model.parameters():
+        if not p.requires_grad:
+            tracker._param_to_grad_hook_handles[p] = (_NO_HOOK, _NO_HOOK)
     tracker.track_external(model, optimizer, ids)
     amp = torch.autocast("cpu", dtype=act) if autocast else contextlib.nullcontext()
     with tracker:
