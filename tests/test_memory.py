@@ -964,3 +964,26 @@ def test_large_transients_without_expandable_segments_get_a_note():
     assert set(noted) == {"ring-cp-4gpu", "ring-cp-8gpu", "alst-ulysses-8gpu"}
     arch, run = recipe_run("ring-cp-8gpu")
     assert all("expandable_segments" not in n for n in estimate(arch, replace(run, device="cpu")).notes)
+
+
+def test_a_synthetic_fsdp2_run_plans_its_whole_model_start_up():
+    """Issue 28: a synthetic FSDP2 run builds the random model whole on every GPU and Accelerate upcasts it to fp32
+    before sharding (launch/rank/synthetic.py), which the plan did not show. Now a start-up term of 4 bytes a
+    parameter, the peak where it exceeds training's: fsdp2 (Qwen3-8B) peaks at start-up and still fits; fsdp2-70b's
+    synthetic run cannot fit on 80 GB GPUs (its real run does); DDP, ZeRO and CPU runs have no such term."""
+    for name, fits_synthetic in (("fsdp2", True), ("fsdp2-70b", False)):
+        arch, run = recipe_run(name)
+        real, synthetic = estimate(arch, run), estimate(arch, replace(run, synthetic=True))
+        assert fits(real, H100) and fits(synthetic, H100) is fits_synthetic
+        [startup] = [t for t in synthetic.gpu_terms if t.name.startswith("synthetic start-up")]
+        assert startup.gib * constants.GIB == pytest.approx(4 * arch.num_params)
+        assert synthetic.peak_phase == "synthetic start-up" and startup.counted
+        assert synthetic.allocated_peak_gib == pytest.approx(startup.gib)
+        assert synthetic.gpu_peak_gib - synthetic.allocated_peak_gib == pytest.approx(
+            real.gpu_peak_gib - real.allocated_peak_gib)  # the same context and reserve on top
+        assert any("synthetic start-up" in n for n in synthetic.notes)
+    for name in ("ddp", "zero3"):
+        arch, run = recipe_run(name)
+        assert not [t for t in estimate(arch, replace(run, synthetic=True)).gpu_terms if "start-up" in t.name]
+    arch, run = recipe_run("fsdp2")
+    assert not [t for t in estimate(arch, replace(run, synthetic=True, device="cpu")).gpu_terms if "start-up" in t.name]

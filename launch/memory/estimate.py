@@ -3,12 +3,12 @@ a budget, and the longest length that does."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launch.memory import adapters
 from launch.memory.architecture import Architecture
-from launch.memory.constants import (CPU_DEEPSPEED_ENGINE_GIB, CPU_RUNTIME_BASELINE_GIB, CPU_TRAINER_RUNTIME_GIB, LOSSES,
-                                     OVERHEAD, gib, pow2)
+from launch.memory.constants import (CPU_DEEPSPEED_ENGINE_GIB, CPU_RUNTIME_BASELINE_GIB, CPU_TRAINER_RUNTIME_GIB, F32,
+                                     LOSSES, OVERHEAD, gib, pow2)
 from launch.memory.results import Estimate, Term
 from launch.memory.run_shape import RunShape
 from launch.memory.terms import (checkpointed_input_bytes, comm_buffer_bytes, gathered_param_bytes, kernel_length_limits,
@@ -34,18 +34,43 @@ def estimate(arch: Architecture, run: RunShape) -> Estimate:
     if loading := _loading_term(arch, run):
         host.append(loading)  # transient, before training: the node's peak is the larger of the two
         host_node = max(host_node, loading.gib + CPU_RUNTIME_BASELINE_GIB * run.layout.processes_per_machine)
+    gpu_terms = _device_terms(arch, run, phases) + overheads
+    allocated, peak, notes = gib(phases.allocated), phases.peak, _kernel_notes(arch, run) + _allocator_notes(run, phases)
+    if startup := _synthetic_startup(arch, run):
+        # before training, so never at the same time as the training phases: the GPU's peak is the larger of the two
+        if startup.gib > allocated:  # the peak: the table's total is this line's, not the training terms'
+            startup = replace(startup, counted=True)
+            total += startup.gib - allocated
+            allocated, peak = startup.gib, "synthetic start-up"
+            notes.append(f"the synthetic start-up ({startup.gib:.1f} GiB per GPU: the whole model, before FSDP shards "
+                         f"it) is this run's peak, above training's {gib(phases.allocated):.1f} GiB; a run from a "
+                         "real checkpoint with fsdp_cpu_ram_efficient_loading does not have it")
+        gpu_terms.append(startup)
     return Estimate(
-        gpu_terms=_device_terms(arch, run, phases) + overheads,
+        gpu_terms=gpu_terms,
         host_terms=host,
         gpu_peak_gib=total,
         host_per_process_gib=host_proc,
         host_per_node_gib=host_node,
         per_rank_length=run.layout.per_rank_length,
-        allocated_peak_gib=total if run.device == "cpu" else gib(phases.allocated),
-        peak_phase=phases.peak,
+        allocated_peak_gib=total if run.device == "cpu" else allocated,
+        peak_phase=peak,
         device=run.device,
-        notes=_kernel_notes(arch, run) + _allocator_notes(run, phases),
+        notes=notes,
     )
+
+
+def _synthetic_startup(arch: Architecture, run: RunShape) -> Term | None:
+    """A synthetic FSDP2 run on GPUs builds the random model whole on every GPU (launch/rank/synthetic.py: no
+    checkpoint for rank 0 alone to read), and Accelerate upcasts it to fp32 under mixed precision before
+    `fully_shard` (its fsdp2_prepare_model; the 16-bit copy is freed parameter by parameter): 4 bytes a parameter,
+    or the load dtype's without mixed precision. Before training, so not counted with the training terms."""
+    if not run.synthetic or run.device == "cpu" or run.layout.kind != "fsdp2":
+        return None
+    per_param = F32 if run.mixed_precision in ("bf16", "fp16") or run.weights_dtype == "float32" else 2
+    return Term("synthetic start-up: the whole model on each GPU before FSDP2 shards it (transient)",
+                gib(per_param * arch.num_params), "--synthetic (from a real checkpoint rank 0 alone reads the weights, "
+                "with fsdp_cpu_ram_efficient_loading)", "gpu", counted=False)
 
 
 # ---- 1. the phases of a step and their peak --------------------------------------------------------------------------

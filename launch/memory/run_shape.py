@@ -77,6 +77,8 @@ class RunShape:
     # the environment the ranks inherit): freed blocks of a multi-GiB transient are reused by differently sized
     # ones, which is what the 2% fragmentation model (OVERHEAD) was calibrated with
     expandable_segments: bool = False
+    # `--synthetic` (launch.rank.synthetic): random weights built whole on each GPU, before any sharding
+    synthetic: bool = False
 
     def __post_init__(self):
         if not self.layout.max_length:
@@ -162,6 +164,7 @@ class RunShape:
             fsdp_reshard_after_forward=_reshards(layout, fsdp),
             adapter=Adapter.from_training(training),
             cpu_ram_efficient_loading=layout.sharding == "fsdp" and is_on(fsdp.get("fsdp_cpu_ram_efficient_loading")),
+            synthetic=is_on(training.get("synthetic", False)),
         )
 
     @classmethod
