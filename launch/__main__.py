@@ -3,11 +3,17 @@
     python -m launch RECIPE [run options] [-- training args]     (the run form: validate, plan, run, judge)
     python -m launch COMMAND [options]                            (each a module of `launch.commands`)
     python -m launch help [COMMAND]                               (= --help: the commands, one line each)
+    python path/to/checkout/launch ...                            (the same, from any folder, nothing installed)
 """
 
 from __future__ import annotations
 
 import sys
+
+if not __package__:  # run as `python path/to/launch`: Python put launch/ itself on the path, not the checkout
+    from pathlib import Path
+
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 
 def main(argv: list[str] | None = None) -> int:

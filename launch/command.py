@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
+from pathlib import Path
 
 from launch import REPO_ROOT
 from launch.profiles import as_argv
@@ -19,10 +21,24 @@ def build_command(setup) -> list[str]:
 
 
 def _rel(path) -> str:
+    """A path as the command names it: relative to the working directory the job starts in (the launcher's) when it
+    lies below it, as a user types it from the repository root; else absolute, so that the launcher runs from any
+    folder."""
+    path = Path(path).resolve()
     try:
-        return str(path.relative_to(REPO_ROOT))
+        return str(path.relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+def code_env(env: dict) -> dict:
+    """`env` with this checkout first on PYTHONPATH: the processes the launcher starts (the ranks, which import
+    `launch.rank` and `launch.cpu`; a launcher started by `bench`) import the same `launch` as the launcher itself,
+    whether or not the checkout is pip-installed, from any working directory, also when another checkout is installed
+    (an editable install's finder comes after PYTHONPATH). Without it, a checkout that is not installed starts ranks
+    that die on `import launch` (Accelerate's DeepSpeed launcher alone puts the working directory on the path)."""
+    paths = [str(REPO_ROOT), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO_ROOT))]
+    return {**env, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def display(cmd: list[str]) -> str:

@@ -76,7 +76,7 @@ def check_resume(setup) -> None:
 
 
 def child_env(setup, monitor_dir: Path, sentinel_env: dict | None = None) -> dict:
-    env = dict(os.environ)
+    env = command.code_env(dict(os.environ))
     env["PYTHONUNBUFFERED"] = "1"
     env[monitor.ENV] = str(monitor_dir)
     # every run measures itself (cheap: no per-step GPU sync); --bench syncs at every step for exact step times

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from launch import throughput
+from launch.command import code_env
 from launch.commands import command
 from launch.errors import LaunchError
 from launch.machine import gpu_info, gpu_memory_gib, host_memory_gib
@@ -84,7 +86,7 @@ def main(argv: list[str]) -> int:
         out = root / str(length)
         cmd = [sys.executable, "-m", "launch", *own, "--bench", "--bench-steps", str(MEASURED_STEPS),
                "--output-dir", str(out), "--force", "--", *extra, "--max_length", str(length)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=code_env(dict(os.environ)))
         files = RunFolder(out)
         log = files.log.read_text(errors="replace") if files.log.is_file() else proc.stdout
         summary = json.loads(files.summary.read_text()) if files.summary.is_file() else {}
