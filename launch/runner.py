@@ -12,8 +12,8 @@ import socket
 import time
 from pathlib import Path
 
-from launch import (checkpoints, command, doctor, envvars, hub, outdir, profiles, rules, sentinel, supervise, throughput,
-                    tracking, upstream_warnings)
+from launch import (checkpoints, command, doctor, envvars, hub, interrupt, outdir, profiles, rules, sentinel, supervise,
+                    throughput, tracking, upstream_warnings)
 from launch.rank import monitor
 from launch.rank.measure import SYNC_ENV as MEASURE_SYNC_ENV
 from launch.errors import LaunchError
@@ -203,6 +203,7 @@ def launch(options, dry_run: bool = False) -> int:
 
     if (options.machine_rank or 0) > 0:
         wait_for_rendezvous(options.main_process_ip, options.main_process_port or 29500, options.rendezvous_timeout)
+    interrupt.writing()  # everything above only read; from here a Ctrl-C raises, so that the lock is released last
     outdir.claim(claim, command=" ".join(cmd), run=checkpoints.identity(setup))
     try:
         setup.folder.check_writable()

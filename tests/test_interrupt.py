@@ -4,7 +4,8 @@ lock is released only once the job's processes are gone, and an early Ctrl-C is 
 The launcher runs in-process on the ddp smoke recipe with its training job replaced by a fake one (a process that
 starts a grandchild in its group and sleeps), so that each moment is hit exactly: just before `supervise.run`, inside
 `Popen` right after the fork (the handler cannot know the job's group yet), right after `Popen` returns, and while
-the job runs. One subprocess test sends SIGINT to `python -m launch` while it imports and resolves.
+the job runs. Before the claim, the program `python -m launch` ends at once on a Ctrl-C (launch.interrupt): its
+subprocess tests send SIGINT at named points of the start-up (imports, resolve, rules) through the test harness.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
-from helpers.launcher import REPO, test_env
-from launch import command, outdir, supervise
+from helpers.launcher import HARNESS, REPO, test_env
+from launch import command, interrupt, outdir, supervise
 from launch.__main__ import main
 
 # the fake job: a grandchild in the same process group, then a long sleep (a rank that would train for a minute)
@@ -92,18 +92,65 @@ def test_ctrl_c_at_any_moment_leaves_no_process_and_releases_the_lock_last(momen
         assert len(spawned) == 1 and "SIGINT received: stopping all ranks" in err, err[-3000:]
 
 
-def test_an_early_ctrl_c_is_one_line(tmp_path):
-    """SIGINT while `python -m launch` imports and resolves (the first seconds): one line, status 130."""
+# Named points of `python -m launch ddp --smoke --cpu --dry-run`'s start-up, in order, where the harness
+# (tests/harness/sitecustomize.py) makes the process send itself SIGINT: inside numpy's own import (numpy.lib starts
+# while numpy/__init__ is half done: a KeyboardInterrupt there once left numpy half-initialised and the launcher ended
+# with a RecursionError traceback from Accelerate's next `np.dtypes`), inside transformers' import of its trainer
+# utilities (under TRL's parser classes, under the recipe's make_parser), at resolve, at the rules' check (after the
+# memory plan), at the output folder's check (the dry run's last step before a run would claim it).
+START_UP = ["import:numpy.lib", "import:transformers.trainer_utils", "call:launch.resolve.resolve",
+            "call:launch.rules.check", "call:launch.outdir.check"]
+
+
+@pytest.mark.parametrize("point", START_UP)
+def test_an_early_ctrl_c_is_one_line(point):
+    """SIGINT anywhere before the output folder is claimed: one line on stderr, status 130, no traceback."""
+    env = test_env({"RECIPES_TEST_SIGINT_AT": point,
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(HARNESS), os.environ.get("PYTHONPATH")]))})
     # SIGINT at its default in the child, as a terminal gives it: a test process started as a background job of a
     # non-interactive shell (CI, `cmd &`) ignores SIGINT, the child would inherit that, and Python would then install
-    # no KeyboardInterrupt handler (the Ctrl-C would be lost and the test skipped as "nothing to interrupt")
-    proc = subprocess.Popen([sys.executable, "-m", "launch", "ddp", "--smoke", "--cpu", "--dry-run"], cwd=REPO,
-                            env=test_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(1.0)  # past the interpreter's own start-up, inside the launcher's imports and checks
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    if proc.returncode == 0:
-        pytest.skip("the dry run finished within 1 s: nothing to interrupt")
-    assert proc.returncode == 130, err
-    assert err.strip() == "[launch] interrupted (Ctrl-C)", err
+    # no KeyboardInterrupt handler (nor would the launcher install its own: the Ctrl-C would be lost)
+    proc = subprocess.run([sys.executable, "-m", "launch", "ddp", "--smoke", "--cpu", "--dry-run"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # status 0 would mean the point was never reached (the dry run ran to its end)
+    assert proc.returncode == interrupt.STATUS, f"{point}: status {proc.returncode}\n{proc.stderr[-3000:]}"
+    assert proc.stderr.strip() == interrupt.LINE, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("argv, hands_over", [
+    (["list"], False),  # reads only: a Ctrl-C ends it at once to its end
+    (["compare", "--out", "x.txt", "a", "b"], True),  # writes from its start (refused here, before it writes)
+])
+def test_commands_that_write_hand_ctrl_c_back_to_python(argv, hands_over, capsys):
+    """The program's exit-at-once handler (launch.interrupt) stays for a command that only reads and is replaced by
+    Python's own (KeyboardInterrupt, so that cleanup runs) before a command that writes from its start."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (see above)
+    try:
+        interrupt.exit_at_once()
+        assert signal.getsignal(signal.SIGINT) is interrupt._exit_now
+        main(argv)
+        expected = signal.default_int_handler if hands_over else interrupt._exit_now
+        assert signal.getsignal(signal.SIGINT) is expected
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_run_hands_ctrl_c_back_to_python_before_it_claims_its_output_folder(tmp_path, monkeypatch, capsys):
+    """From the claim on, a Ctrl-C is Python's KeyboardInterrupt (the moments above: the lock is released last);
+    until then the program's handler ends it at once. The claim here is interrupted as it starts."""
+    seen = []
+
+    def claim(*a, **k):
+        seen.append(signal.getsignal(signal.SIGINT))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(outdir, "claim", claim)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        interrupt.exit_at_once()
+        rc = main(["ddp", "--smoke", "--cpu", "--output-dir", str(tmp_path / "out")])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert seen == [signal.default_int_handler] and rc == interrupt.STATUS
+    assert capsys.readouterr().err.strip().endswith(interrupt.LINE)

@@ -5,6 +5,10 @@ package, so a new command is one new module (TRL's `trl/cli` registers its comma
 Every command has one error convention, applied by `command` itself (so also when a test calls a module's `main`):
 a problem is a `LaunchError` (usage errors too, through `launch.options.Parser`), printed as `error: PARAGRAPH` on
 stderr, exit status 2.
+
+A Ctrl-C in a command that only reads ends it at once with one line (`launch.interrupt`); a command that writes says
+so: `@command(NAME, HELP)` gets Python's KeyboardInterrupt (and so its own cleanup) from its start, `@command(NAME,
+HELP, reads_first=True)` only once it calls `launch.interrupt.writing()` (if it ever writes).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class Command:
     name: str  # `python -m launch NAME ...`
     help: str  # one line, for `python -m launch --help`
     main: Callable[[list[str]], int]  # argv after NAME -> exit status
+    reads_first: bool = False  # only reads until it calls launch.interrupt.writing(), if it writes at all
 
 
 _REGISTRY: dict[str, Command] = {}
@@ -50,8 +55,10 @@ def guarded(main: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
     return run
 
 
-def command(name: str, help: str):
-    """Register the decorated `main(argv) -> int` as `python -m launch NAME`, under the error convention."""
+def command(name: str, help: str, reads_first: bool = False):
+    """Register the decorated `main(argv) -> int` as `python -m launch NAME`, under the error convention.
+    `reads_first`: the command writes nothing before it calls `launch.interrupt.writing()`, so that until then a
+    Ctrl-C may end it at once (launch.interrupt); without it, a Ctrl-C raises KeyboardInterrupt from its start."""
     if name not in COMMAND_NAMES:  # a developer's mistake: found at import, by every test
         raise RuntimeError(f"command `{name}`: add it to launch.recipes.COMMAND_NAMES, so that no recipe folder can "
                            "be named like it")
@@ -59,7 +66,7 @@ def command(name: str, help: str):
     def register(main):
         if name in _REGISTRY and _REGISTRY[name].main.__wrapped__ is not main:
             raise RuntimeError(f"two commands are named `{name}`")
-        _REGISTRY[name] = Command(name, help, guarded(main))
+        _REGISTRY[name] = Command(name, help, guarded(main), reads_first)
         return _REGISTRY[name].main
 
     return register

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from launch import throughput
+from launch import interrupt, throughput
 from launch.command import code_env
 from launch.commands import command
 from launch.errors import LaunchError
@@ -63,7 +63,8 @@ def without_max_length(own: list[str]) -> list[str]:
     return kept
 
 
-@command("bench", "GPU host: the longest sequence length that really trains here (--max-length auto)")
+@command("bench", "GPU host: the longest sequence length that really trains here (--max-length auto)",
+         reads_first=True)
 def main(argv: list[str]) -> int:
     own, extra = split_extra(argv)
     ns = parser().parse_args(own)
@@ -79,6 +80,7 @@ def main(argv: list[str]) -> int:
     print(f"[launch] bench: planner's longest length for {target.gpus_per_node} x {target.gpu_memory_gib:.1f} GiB: "
           f"{start:,} (a multiple of {plan.multiple}); trying from there", flush=True)
 
+    interrupt.writing()  # the tries write run folders: from here a Ctrl-C raises (launch.interrupt)
     root = Path(tempfile.mkdtemp(prefix=f"bench-{setup.recipe.name}-"))
     results: dict[int, dict] = {}
 

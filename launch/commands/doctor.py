@@ -10,7 +10,8 @@ from launch.options import Options, Parser, add_options, values_from
 from launch.resolve import resolve
 
 
-@command("doctor", "installed versions against the lock, feature floors, GPUs and kernels (for RECIPE, if given)")
+@command("doctor", "installed versions against the lock, feature floors, GPUs and kernels (for RECIPE, if given)",
+         reads_first=True)
 def main(argv: list[str]) -> int:
     p = Parser(prog="python -m launch doctor", description="Check versions, floors and GPUs.")
     p.add_argument("recipe", nargs="?", help="also check what this recipe needs")

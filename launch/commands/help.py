@@ -6,7 +6,7 @@ from launch.commands import command, registered, run
 from launch.options import Parser
 
 
-@command("help", "this overview, or one command's options: help COMMAND")
+@command("help", "this overview, or one command's options: help COMMAND", reads_first=True)
 def main(argv: list[str]) -> int:
     commands = registered()
     p = Parser(prog="python -m launch help", description="The commands and the run options, or one command's options.")

@@ -9,7 +9,8 @@ from launch.options import Parser
 from launch.recipes import refusal, refused_dirs
 
 
-@command("list", "the recipes: strategy, processes, purpose, CPU-verified, train.py copy/fork")
+@command("list", "the recipes: strategy, processes, purpose, CPU-verified, train.py copy/fork",
+         reads_first=True)
 def main(argv: list[str]) -> int:
     Parser(prog="python -m launch list", description="The recipe table, read from the recipe folders themselves. "
            "Takes no arguments.").parse_args(argv)

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from launch import interrupt
 from launch.commands import command
 from launch.errors import LaunchError
 from launch.options import Parser
@@ -21,7 +22,8 @@ from launch.outdir import ADAPTER_CONFIG, RunFolder, expand, holder_alive, read_
 from launch.rules import merge_problems
 
 
-@command("merge", "merge a LoRA run's adapter (RUN_DIR/final) into its base: a full model for plain transformers")
+@command("merge", "merge a LoRA run's adapter (RUN_DIR/final) into its base: a full model for plain transformers",
+         reads_first=True)
 def main(argv: list[str]) -> int:
     p = Parser(
         prog="python -m launch merge",
@@ -85,6 +87,7 @@ def merge(final: Path, out: Path, base: str | None = None) -> str:
         raise LaunchError(f"The base model {base} (named in {final / ADAPTER_CONFIG}) cannot be loaded ({e}). Pass "
                           "--base with the folder or Hub id of the model the adapter was trained on.") from None
     merged = PeftModel.from_pretrained(model, str(final)).merge_and_unload()
+    interrupt.writing()  # from here a Ctrl-C raises, so that the finally below removes the half-written model
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:

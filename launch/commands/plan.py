@@ -43,7 +43,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-@command("plan", "will RECIPE fit a target machine, and how long can its sequences be (no GPU needed)")
+@command("plan", "will RECIPE fit a target machine, and how long can its sequences be (no GPU needed)",
+         reads_first=True)
 def main(argv: list[str]) -> int:
     own, extra = split_extra(argv)
     ns = parser().parse_args(own)

@@ -65,6 +65,7 @@ def recorded_layout(options):
     return dataclasses.replace(options, num_processes=recorded["num_processes"], mesh=dict(recorded.get("mesh") or {}))
 
 
-@command("record", "run RECIPE's smoke profile and write its per-step metrics as the expected ones (deliberate)")
+@command("record", "run RECIPE's smoke profile and write its per-step metrics as the expected ones (deliberate)",
+         reads_first=True)
 def record_main(argv: list[str]) -> int:
     return main(argv, record=True)
