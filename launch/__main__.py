@@ -15,24 +15,25 @@ if not __package__:  # run as `python path/to/launch`: Python put launch/ itself
 
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from launch import interrupt  # noqa: E402 (small: the standard library only)
+from launch import interrupt, upstream_imports  # noqa: E402 (small: the standard library only)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        # imported here, inside the handler: importing the commands takes a second or more (torch, transformers),
-        # and an in-process caller's Ctrl-C then is one line too (the program's: launch.interrupt, until it writes)
-        from launch.commands import guarded, registered, run
+        with upstream_imports.kept_out():
+            # imported here, inside the handler: importing the commands takes a second or more (torch, transformers),
+            # and an in-process caller's Ctrl-C then is one line too (the program's: launch.interrupt, until it writes)
+            from launch.commands import guarded, registered, run
 
-        commands = registered()
-        if argv and argv[0] in commands:
-            command, rest, reads_first = commands[argv[0]].main, argv[1:], commands[argv[0]].reads_first
-        else:  # the run form: its first word is a recipe; it hands over itself, before it claims the output folder
-            command, rest, reads_first = guarded(run.main), argv, True
-        if not reads_first:  # a command that writes from its start: a Ctrl-C raises, so that it cleans up
-            interrupt.writing()
-        return command(rest)
+            commands = registered()
+            if argv and argv[0] in commands:
+                command, rest, reads_first = commands[argv[0]].main, argv[1:], commands[argv[0]].reads_first
+            else:  # the run form: its first word is a recipe; it hands over itself, before it claims the output folder
+                command, rest, reads_first = guarded(run.main), argv, True
+            if not reads_first:  # a command that writes from its start: a Ctrl-C raises, so that it cleans up
+                interrupt.writing()
+            return command(rest)
     except KeyboardInterrupt:  # Ctrl-C once the command writes (while the ranks run, supervise forwards it)
         print(f"\n{interrupt.LINE}", file=sys.stderr)
         return interrupt.STATUS
