@@ -15,7 +15,8 @@ if not __package__:  # run as `python path/to/launch`: Python put launch/ itself
 
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from launch import interrupt, upstream_imports  # noqa: E402 (small: the standard library only)
+from launch import interrupt  # noqa: E402 (small: the standard library only)
+from launch.rank import upstream_imports  # noqa: E402 (the standard library only)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,14 +1,18 @@
-"""launch/upstream_imports.py: the launcher's own process imports peft (transformers does, with TRL's parser classes)
-but not bitsandbytes, and so prints no message of bitsandbytes' import."""
+"""launch/rank/upstream_imports.py: the launcher's own process, and the ranks it starts, import peft (transformers
+does, with TRL's parser classes) but not bitsandbytes, and so print no message of bitsandbytes' import; a run that
+quantizes still gets it."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 import subprocess
 import sys
 import textwrap
 
-from helpers.launcher import REPO, test_env
+from helpers.launcher import REPO, explain, test_env
+from launch.outdir import RunFolder
 
 # `python -m launch ddp --smoke --cpu --dry-run`, run as Python runs it (runpy), then what it imported: a fresh
 # process, since the test process may have imported bitsandbytes already
@@ -40,3 +44,15 @@ def test_a_dry_run_imports_peft_without_bitsandbytes_and_prints_no_kernels_messa
     assert report["bitsandbytes"] == [], report
     assert KERNELS_MESSAGE not in proc.stdout + proc.stderr
     assert "pip install kernels" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_the_ranks_of_a_run_print_no_kernels_message_and_a_quantized_run_still_loads_bitsandbytes(smoke_runs):
+    """The shared ddp and qlora-fsdp smoke runs (tests/test_smoke_recipes.py judges both): the ddp ranks' log has no
+    message of bitsandbytes' import; qlora-fsdp's ranks, which load a 4-bit model, import it and train."""
+    proc, summary = smoke_runs.run("ddp")
+    log = RunFolder(smoke_runs.output_dir("ddp")).log.read_text()
+    assert proc.returncode == 0, explain(proc)
+    assert KERNELS_MESSAGE not in log and "pip install kernels" not in log
+    proc, summary = smoke_runs.run("qlora-fsdp")
+    assert proc.returncode == 0 and summary["verdict"]["passed"], explain(proc)

@@ -57,7 +57,8 @@ def main(script_args, training_args, model_args, dataset_args, recipe_args):
     logger = get_logger(__name__)
     if training_args.use_cpu:
         # CPU-only workarounds (gloo collectives, attention for context parallelism on CPU), each documented in
-        # launch/cpu/. Never imported on GPU; needs this repository installed (`pip install -e .`).
+        # launch/cpu/. Never imported on GPU; needs this repository importable (`python -m launch` puts its checkout
+        # on the ranks' PYTHONPATH; under plain `accelerate launch`: `pip install -e .` or PYTHONPATH).
         from launch.cpu import enable_cpu_path
 
         enable_cpu_path(training_args)
@@ -75,7 +76,7 @@ def main(script_args, training_args, model_args, dataset_args, recipe_args):
 
     if recipe_args.synthetic:
         # Random weights for the model's architecture and random rows of exactly max_length tokens; only the model's
-        # config.json is read (launch/rank/synthetic.py). Needs this repository installed, as launch.cpu does.
+        # config.json is read (launch/rank/synthetic.py). Needs this repository importable, as launch.cpu does.
         from launch.rank.synthetic import prepare
 
         model, dataset, processing_class = prepare(model_args, training_args, script_args, recipe_args.synthetic_rows)
@@ -156,4 +157,13 @@ def make_parser():
 
 
 if __name__ == "__main__":
-    main(*make_parser().parse_args_and_config())
+    if os.environ.get("LAUNCH_MONITOR_DIR"):  # started by `python -m launch`, whose checkout is on PYTHONPATH
+        # peft's unused eager import of bitsandbytes skipped while TRL's classes import (0.8 s per rank, and a
+        # message asking for a package nothing needs): launch/rank/upstream_imports.py
+        from launch.rank.upstream_imports import kept_out
+
+        with kept_out():
+            parser = make_parser()
+    else:
+        parser = make_parser()
+    main(*parser.parse_args_and_config())

@@ -1,4 +1,4 @@
-"""An upstream import that the launcher's own process keeps out: peft's eager import of bitsandbytes.
+"""An upstream import that the launcher and the ranks it starts keep out: peft's eager import of bitsandbytes.
 
 transformers imports peft with every `TrainingArguments` when peft is installed (`transformers/trainer_utils.py`:
 `if is_peft_available(): from peft import PeftMixedModel, PeftModel`), so the launcher imports it whenever it builds
@@ -10,13 +10,15 @@ No module named 'kernels'. Please make sure you already `pip install kernels` ..
 looks for an optional kernel on the Hub; without it bitsandbytes uses its own compiled CPU kernel, so the message asks
 for a package nothing needs). The launcher quantizes nothing (the ranks load the 4-bit model), so while it runs
 (`kept_out`), that one import inside peft is refused, as on a machine without bitsandbytes, and peft imports without
-it. Everything else that imports bitsandbytes gets it as usual (doctor's 4-bit check, `launch.image_checks`).
+it. Everything else that imports bitsandbytes gets it as usual (doctor's 4-bit check, `launch.image_checks`; in a
+rank, transformers' 4-bit and 8-bit loading and its bitsandbytes optimizers, which import it themselves).
 
 peft itself stays: transformers imports it without a way around short of hiding the installed package from
 transformers, which would change what its trainer utilities believe for the rest of the process.
 
-The ranks are not covered: the recipe's train.py imports TRL's parser classes (and so peft and bitsandbytes) before
-any of our code runs in them.
+The ranks a launcher starts do the same while train.py builds its parser (its `__main__` block, when
+`LAUNCH_MONITOR_DIR` says `python -m launch` started it; this module is rank-side: it imports nothing of the launcher):
+0.8 s of CPU per rank, and the message once per rank. Under plain `accelerate launch` a rank imports as upstream does.
 """
 
 from __future__ import annotations
