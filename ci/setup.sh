@@ -1,12 +1,32 @@
 #!/usr/bin/env bash
-# Sets up the pinned CPU virtualenv from requirements/cpu.lock: creates it when absent, installs the lock when
-# what is installed differs from it, installs this repository (editable: `launch` importable from the train
-# scripts). A no-op, in about a second, when everything already matches. Used by ci/test.sh (the tests) and
-# ci/launch.sh (the launcher).
+# Sets up a pinned virtualenv from a lock of requirements/: creates it when absent, installs the lock when what
+# is installed differs from it, installs this repository (editable: `launch` importable from the train
+# scripts). A no-op, in about a second, when everything already matches.
 #
-#   VENV=.venv       where the virtualenv lives
-#   PYTHON=python3   the interpreter that creates it: CPython 3.11 (the lock's target)
+#   bash ci/setup.sh [--check]           the CPU virtualenv from requirements/cpu.lock (CPython 3.11). Used by
+#                                        ci/test.sh (the tests) and ci/launch.sh (the launcher).
+#   bash ci/setup.sh --gpu [--check]     a GPU host without Docker: the virtualenv from requirements/image.lock,
+#                                        exactly what the image installs (torch's CUDA 13.0 build and its CUDA
+#                                        libraries as PyPI wheels; CPython 3.13, the lock's target)
+#   bash ci/setup.sh --bundle DIR [--python-version X.Y] [--platform TAG] [--list] [NAME...]
+#                                        on a machine with network, for a GPU machine without: downloads into DIR
+#                                        the wheels of image.lock less the torch build (torch, triton, the CUDA
+#                                        wheels: the GPU machine's own torch brings them), for that machine's
+#                                        Python (default the lock's, 3.13) and platform (default the lock's,
+#                                        manylinux_2_28_x86_64), each file checked against the lock's hashes;
+#                                        DIR/bundle.lock lists them, DIR/bundle.json says what for. --list prints
+#                                        the packages and downloads nothing; NAME...: only these packages.
+#   bash ci/setup.sh --from DIR [--check] on the GPU machine, offline: the virtualenv from DIR (--no-index) on top
+#                                        of the machine's own torch (PYTHON: the interpreter that imports it)
+#
+#   VENV=.venv       where the virtualenv lives (default .venv; --gpu and --from: .venv-gpu)
+#   PYTHON=python3   the interpreter that creates it: the lock's target version (CPU: 3.11; --gpu: 3.13; --from:
+#                    the bundle's, the Python of the machine's torch)
 #   --check          change nothing: exit 0 when the virtualenv matches the lock, 1 when not
+#
+# --gpu and --from write a setup marker into the virtualenv (llm-recipes-setup.json, launch/pins.py): the lock it
+# was set up from, and from a bundle the packages left to the machine's torch build; `python -m launch doctor`
+# judges the environment against that lock and reports the machine's torch build beside it without failing on it.
 #
 # torch is its CPU build (torch==<pin>+cpu in the lock), which is not on the package index: pip takes it from
 # a wheel directory it is already configured with (PIP_FIND_LINKS, pip.conf), else from PyTorch's CPU wheel page.
@@ -16,34 +36,144 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
+usage="usage: bash ci/setup.sh [--check] | --gpu [--check] | --bundle DIR [--python-version X.Y] [--platform TAG] [--list] [NAME...] | --from DIR [--check]"
 check_only=false
-case "${1:-}" in
-    --check) check_only=true ;;
-    "") ;;
-    *) echo "usage: bash ci/setup.sh [--check]" >&2; exit 2 ;;
-esac
+mode=cpu
+list_only=false
+dir=""
+bundle_python=""
+bundle_platform=""
+names=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --check) check_only=true ;;
+        --gpu) mode=gpu ;;
+        --bundle|--from)
+            mode=${1#--}
+            [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
+            dir=$2; shift ;;
+        --python-version|--platform)
+            [ "$mode" = bundle ] && [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
+            if [ "$1" = --platform ]; then bundle_platform=$2; else bundle_python=$2; fi
+            shift ;;
+        --list) [ "$mode" = bundle ] || { echo "$usage" >&2; exit 2; }; list_only=true ;;
+        -*) echo "$usage" >&2; exit 2 ;;
+        *) [ "$mode" = bundle ] || { echo "$usage" >&2; exit 2; }; names+=("$1") ;;
+    esac
+    shift
+done
+if [ "$mode" = bundle ] && $check_only; then echo "$usage" >&2; exit 2; fi
 LOCK=requirements/cpu.lock
+case "$mode" in
+    cpu) VENV=${VENV:-.venv} ;;
+    gpu) VENV=${VENV:-.venv-gpu}; LOCK=requirements/image.lock ;;
+    from) VENV=${VENV:-.venv-gpu}; LOCK="$dir/bundle.lock" ;;
+esac
 TORCH_CPU_WHEELS=${TORCH_CPU_WHEELS:-https://download.pytorch.org/whl/cpu/torch/}
 
+# The packages published as source only (the names in requirements/uv.toml) are built here without build
+# isolation, by the build backends of the lock, which are installed first; everything else is a wheel.
+source_only=$(sed -n 's/^name = "\(.*\)"$/\1/p' requirements/uv.toml | paste -sd, -)
+# lock_entries LOCK NAME...: those entries of LOCK with their --hash lines (awk: launch.pins needs `packaging`,
+# which a new virtualenv does not have yet)
+lock_entries() {
+    awk -v names=" ${*:2} " '/^[^ #]/ { split($1, a, "=="); keep = index(names, " " tolower(a[1]) " ") > 0 }
+                             keep && !/^[[:space:]]*#/' "$1"
+}
+# The lock's target, from its `# target: cpython-3.11 x86_64-manylinux_2_28` line (requirements/lock.sh writes it)
+lock_target() { sed -n 's/^# target: cpython-\([0-9][0-9.]*\) \([a-z0-9_]*\)-\(.*\)$/\1 \3_\2/p' "$1" | head -1; }
 python_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])'; }
+
+# --- --bundle: the image lock's wheels for a GPU machine with its own torch ------------------------------------
+if [ "$mode" = bundle ]; then
+    read -r target_python target_platform < <(lock_target requirements/image.lock)
+    bundle_python=${bundle_python:-$target_python}
+    bundle_platform=${bundle_platform:-$target_platform}
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    # launch.pins lists the bundle (it needs `packaging`: --list uses PYTHON when it has it) and pip downloads it
+    # in a throwaway virtualenv with image.lock's packaging and setuptools, hash-checked (DeepSpeed's sdist: pip
+    # reads its metadata with that setuptools, without build isolation; nothing is built).
+    pins() { PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$tool" -m launch.pins "$@"; }
+    tool=$PYTHON
+    if $list_only && "$tool" -c 'import packaging' > /dev/null 2>&1; then
+        pins bundle "$dir" --python-version "$bundle_python" --platform "$bundle_platform" --list "${names[@]}"
+        exit 0
+    fi
+    "$PYTHON" -m venv "$tmp/venv"
+    tool="$tmp/venv/bin/python"
+    lock_entries requirements/image.lock packaging setuptools > "$tmp/tools.lock"
+    "$tool" -m pip --disable-pip-version-check install --quiet --require-hashes --no-deps --only-binary=:all: \
+        -r "$tmp/tools.lock"
+    if $list_only; then
+        pins bundle "$dir" --python-version "$bundle_python" --platform "$bundle_platform" --list "${names[@]}"
+        exit 0
+    fi
+    pins bundle "$dir" --python-version "$bundle_python" --platform "$bundle_platform" "${names[@]}"
+    platforms=()
+    while read -r tag; do platforms+=(--platform "$tag"); done < <(pins platforms "$bundle_platform")
+    # --no-deps: bundle.lock is the whole set; --require-hashes: every file against the lock's sha256
+    "$tool" -m pip --disable-pip-version-check download --quiet --require-hashes --no-deps --no-build-isolation \
+        --only-binary=:all: --no-binary="$source_only" --implementation cp --python-version "$bundle_python" \
+        "${platforms[@]}" -d "$dir" -r "$dir/bundle.lock"
+    echo "ci/setup.sh: $dir holds $(grep -c '==' "$dir/bundle.lock") packages for CPython $bundle_python $bundle_platform;" \
+        "on the GPU machine: PYTHON=<its python with torch> bash ci/setup.sh --from $dir"
+    exit 0
+fi
+
+# --- the target interpreter --------------------------------------------------------------------------------------
+if [ "$mode" = from ]; then
+    for file in bundle.lock bundle.json; do
+        [ -f "$dir/$file" ] || { echo "ci/setup.sh: $dir/$file not found: make the bundle with \`bash ci/setup.sh --bundle $dir\`" >&2; exit 2; }
+    done
+    field() { "$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$dir/bundle.json" "$1"; }
+    if [ "$(field lock_sha256)" != "$(sha256sum requirements/image.lock | cut -d' ' -f1)" ]; then
+        echo "ci/setup.sh: $dir was made from another requirements/image.lock than this checkout's: make it again (bash ci/setup.sh --bundle $dir)" >&2
+        exit 2
+    fi
+    target_python=$(field python_version)
+else
+    target_python=$(lock_target "$LOCK" | cut -d' ' -f1)
+fi
 if [ ! -x "$VENV/bin/python" ]; then
     if $check_only; then echo "ci/setup.sh: no virtualenv at $VENV" >&2; exit 1; fi
-    if [ "$(python_version "$PYTHON")" != 3.11 ]; then
-        echo "ci/setup.sh: $LOCK is for CPython 3.11 but $PYTHON is $(python_version "$PYTHON"): set PYTHON=python3.11" >&2
+    if [ "$(python_version "$PYTHON")" != "$target_python" ]; then
+        echo "ci/setup.sh: $LOCK is for CPython $target_python but $PYTHON is $(python_version "$PYTHON"): set PYTHON=python$target_python" >&2
+        exit 2
+    fi
+    if [ "$mode" = from ] && ! "$PYTHON" -c 'import torch' > /dev/null 2>&1; then
+        echo "ci/setup.sh: $PYTHON does not import torch: --from builds on the machine's own torch; set PYTHON to the interpreter that has it" >&2
         exit 2
     fi
     echo "ci/setup.sh: creating $VENV"
     "$PYTHON" -m venv "$VENV"
+    if [ "$mode" = from ]; then
+        # The machine's own packages (its torch, triton, CUDA wheels) are seen after the venv's own: a .pth file
+        # names the site-packages of PYTHON (a system Python, a conda environment or another virtualenv alike).
+        site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' > "$site/llm-recipes-machine.pth"
+    fi
 fi
-if [ "$(python_version "$VENV/bin/python")" != 3.11 ]; then
-    echo "ci/setup.sh: $VENV is Python $(python_version "$VENV/bin/python"), $LOCK is for 3.11: remove $VENV" >&2
+if [ "$(python_version "$VENV/bin/python")" != "$target_python" ]; then
+    echo "ci/setup.sh: $VENV is Python $(python_version "$VENV/bin/python"), $LOCK is for $target_python: remove $VENV" >&2
     exit 2
 fi
 
 py="$(cd "$VENV" && pwd)/bin/python"
 pip() { "$py" -m pip --disable-pip-version-check "$@"; }
+case "$mode" in
+    cpu) setup_command="ci/setup.sh" ;;
+    gpu) setup_command="ci/setup.sh --gpu" ;;
+    from) setup_command="ci/setup.sh --from $dir" ;;
+esac
+# --gpu and --from: the setup marker (the lock, and the packages left to the machine's torch build)
+mark() {
+    case "$mode" in
+        gpu) "$py" -m launch.pins mark "$VENV" "$LOCK" "$setup_command" > /dev/null ;;
+        from) "$py" -m launch.pins mark "$VENV" requirements/image.lock "$setup_command" "$dir" > /dev/null ;;
+    esac
+}
 
 # Up to date: every package of the lock is installed at its version (launch/pins.py reads the lock; it needs
 # `packaging`, so on a new virtualenv this fails and the install runs) and `launch` is this checkout's.
@@ -53,6 +183,7 @@ up_to_date() {
 }
 
 if up_to_date; then
+    $check_only || mark
     echo "ci/setup.sh: $VENV matches $LOCK"
     exit 0
 fi
@@ -63,29 +194,39 @@ if $check_only; then
 fi
 
 echo "ci/setup.sh: installing $LOCK into $VENV"
-torch=$(sed -n 's/^torch==\([^ ]*\).*/\1/p' "$LOCK")
-if ! pip install --quiet --dry-run --no-deps --no-index "torch==$torch" > /dev/null 2>&1; then
-    export PIP_FIND_LINKS="${PIP_FIND_LINKS:+$PIP_FIND_LINKS }$TORCH_CPU_WHEELS"
+source=()
+if [ "$mode" = from ]; then
+    source=(--no-index --find-links "$dir")   # offline: the bundle's files only
 fi
-# The packages published as source only (the names in requirements/uv.toml) are built here without build
-# isolation, by the build backends of the lock, which are installed first; everything else is a wheel.
-source_only=$(sed -n 's/^name = "\(.*\)"$/\1/p' requirements/uv.toml | paste -sd, -)
-# lock_entries LOCK NAME...: those entries of LOCK with their --hash lines (awk: launch.pins needs `packaging`,
-# which a new virtualenv does not have yet)
-lock_entries() {
-    awk -v names=" ${*:2} " '/^[^ #]/ { split($1, a, "=="); keep = index(names, " " tolower(a[1]) " ") > 0 }
-                             keep && !/^[[:space:]]*#/' "$1"
-}
+torch=$(sed -n 's/^torch==\([^ ]*\).*/\1/p' "$LOCK")
+case "$torch" in
+    *+cpu)  # the CPU build: not on the package index
+        if ! pip install --quiet --dry-run --no-deps --no-index "torch==$torch" > /dev/null 2>&1; then
+            export PIP_FIND_LINKS="${PIP_FIND_LINKS:+$PIP_FIND_LINKS }$TORCH_CPU_WHEELS"
+        fi ;;
+esac
+if [ "$mode" != cpu ]; then
+    # DeepSpeed is built as the image builds it, seeing no GPU: with one, its setup.py adds nvidia-ml-py to its
+    # requirements (only when torch is importable and sees a CUDA device), which no lock has
+    export CUDA_VISIBLE_DEVICES=""
+fi
 lock_entries "$LOCK" setuptools poetry-core > "$VENV/build-backends.lock"
-pip install --quiet --require-hashes --no-deps --only-binary=:all: -r "$VENV/build-backends.lock"
+pip install --quiet --require-hashes --no-deps --only-binary=:all: "${source[@]}" -r "$VENV/build-backends.lock"
 rm -f "$VENV/build-backends.lock"
 # --no-deps: the lock is the whole set, nothing is resolved or added (pip check proves it is complete)
-pip install --quiet --require-hashes --no-deps --no-build-isolation --only-binary=:all: --no-binary="$source_only" -r "$LOCK"
-pip install --quiet --no-deps --no-build-isolation -e .
-pip check
+pip install --quiet --require-hashes --no-deps --no-build-isolation --only-binary=:all: --no-binary="$source_only" "${source[@]}" -r "$LOCK"
+pip install --quiet --no-deps --no-build-isolation "${source[@]}" -e .
+if [ "$mode" = from ]; then
+    # The machine's packages are visible too (its torch was built with other pins): what pip check says is shown,
+    # not fatal; doctor judges the environment against image.lock
+    pip check || echo "ci/setup.sh: pip check found the above beside the machine's own packages; \`$py -m launch doctor\` judges the environment against requirements/image.lock" >&2
+else
+    pip check
+fi
 if ! up_to_date; then
     echo "ci/setup.sh: $VENV still differs from $LOCK:" >&2
     "$py" -m launch.pins check "$LOCK" >&2 || true
     exit 1
 fi
+mark
 echo "ci/setup.sh: $VENV matches $LOCK"

@@ -45,25 +45,44 @@ def version_problems(versions: dict, pins: dict, strict: bool) -> list[str]:
 
 
 def lock_for(strict: bool):
-    """The lock this environment is built from: the image's (strict: the container) or the CPU venv's."""
-    return pinfiles.IMAGE_LOCK if strict else pinfiles.CPU_LOCK
+    """The lock this environment was set up from (launch.pins.host_lock: its setup marker's, else the image's in the
+    container (strict), else the CPU venv's)."""
+    return pinfiles.host_lock(strict).path
 
 
-def lock_problems(strict: bool, installed: dict | None = None, skip=()) -> list[str]:
-    """Installed versions against the lock. In the image (strict) every locked package must be installed at its
-    version and nothing else may be; elsewhere only the installed packages are compared (a venv may lack the
-    test tools or carry extra ones). `skip`: names reported already (version_problems)."""
-    lock_path = lock_for(strict)
-    lock = pinfiles.read_lock(lock_path)
+def lock_problems(strict: bool, installed: dict | None = None, skip=(), host: pinfiles.HostLock | None = None) -> list[str]:
+    """Installed versions against the lock the environment was set up from (`host`, default launch.pins.host_lock).
+    In the image (strict) every locked package must be installed at its version and nothing else may be; in a
+    virtualenv with a setup marker every locked package must be installed (extra ones may be: a bundle's venv sees
+    the machine's own packages); elsewhere only the installed packages are compared (a venv may lack the test tools
+    or carry extra ones). `skip`: names reported already (version_problems); the machine's own torch build (a
+    bundle's) is reported by machine_build, not here."""
+    host = pinfiles.host_lock(strict) if host is None else host
+    lock = pinfiles.read_lock(host.path)
     installed = pinfiles.installed_distributions() if installed is None else installed
     if strict:  # the opt-in packages the image has: pinned by their own lock
         for name in IMAGE_OPTIONAL & installed.keys():
             lock[name] = pinfiles.read_lock(pinfiles.REQUIREMENTS / f"{name}.lock")[name]
-    skip = {normalize(name) for name in skip}
-    problems = pinfiles.lock_problems(lock, installed, lock_path.name, require_all=strict, skip=skip)
-    if strict:
-        problems += pinfiles.unlocked_problems(lock, installed, lock_path.name)
+    skip = {normalize(name) for name in skip} | host.machine
+    problems = pinfiles.lock_problems(lock, installed, host.path.name, require_all=host.require_all, skip=skip)
+    if host.exact:
+        problems += pinfiles.unlocked_problems(lock, installed, host.path.name)
     return problems
+
+
+def machine_build(host: pinfiles.HostLock, installed: dict) -> str | None:
+    """The line on the machine's own torch build (a bundle's venv, `ci/setup.sh --from`): which of its packages differ
+    from the lock. Reported, not a problem: that torch is the machine's by choice. None for any other environment."""
+    if not host.machine:
+        return None
+    lock = pinfiles.read_lock(host.path)
+    differ = [f"{name} {installed[name]} ({host.path.name}: {lock[name]})" for name in sorted(host.machine)
+              if name in installed and name in lock and not pinfiles.satisfies(installed[name], lock[name])]
+    absent = sorted(name for name in host.machine if name not in installed)
+    same = len(host.machine) - len(differ) - len(absent)
+    return (f"the machine's own, not judged against {host.path.name}: "
+            + (f"{len(differ)} differ: {', '.join(differ)}" if differ else "none differs")
+            + f"; {same} as locked" + (f"; not installed: {', '.join(absent)}" if absent else ""))
 
 
 def liger_problem() -> str | None:
@@ -75,25 +94,40 @@ def liger_problem() -> str | None:
 
 
 def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, out=print, installed=None,
-               preflight=()) -> int:
+               preflight=(), host: pinfiles.HostLock | None = None) -> int:
     """Print the report; return the number of problems (the exit status is non-zero when there are any).
 
     installed: {name: version} of every installed distribution, compared with the lock; read from the
-    environment when neither it nor `versions` is given (callers that pass versions test other checks)."""
+    environment when neither it nor `versions` is given (callers that pass versions test other checks).
+    host: the lock the environment was set up from (default launch.pins.host_lock: its setup marker's)."""
     if installed is None and versions is None:
         installed = pinfiles.installed_distributions()
     versions = installed_versions() if versions is None else versions
     pins = read_pins() if pins is None else pins
     gpu_count, gpu_names = gpu_info() if gpus is None else (len(gpus), list(gpus))
-    problems = version_problems(versions, pins, strict)
-    locked = [] if installed is None else lock_problems(strict, installed, skip=versions)
+    try:
+        host = pinfiles.host_lock(strict) if host is None else host
+    except pinfiles.PinError as e:  # a broken setup marker: named, and the CPU lock's check goes on
+        problems_marker = [str(e)]
+        host = pinfiles.unmarked_lock(strict)
+    else:
+        problems_marker = []
+    # A virtualenv set up from the image's lock has its GPU-only packages (they are in the lock); the packages of the
+    # machine's own torch build (a bundle's) are reported by machine_build instead of against pins.txt.
+    gpu_set = strict or (host.require_all and host.path == pinfiles.IMAGE_LOCK)
+    problems = problems_marker + version_problems(
+        {name: have for name, have in versions.items() if normalize(name) not in host.machine}, pins, gpu_set)
+    locked = [] if installed is None else lock_problems(strict, installed, skip=versions, host=host)
     problems += locked
 
     out(f"{'package':<14} {'installed':<14} {'pinned':<14}")
     for name, have in versions.items():
         out(f"{name:<14} {str(have or '-'):<14} {pins.get(normalize(name), '-'):<14}")
     if installed is not None:
-        out(f"lock           {lock_for(strict).name}: " + (f"{len(locked)} difference(s)" if locked else "the installed versions match"))
+        out(f"lock           {host.path.name}: " + (f"{len(locked)} difference(s)" if locked else "the installed versions match")
+            + f" ({host.source})")
+        if line := machine_build(host, installed):
+            out(f"machine torch  {line}")
     out(f"torch build    {torch_build()}")
     out(f"GPUs           {gpu_count}" + (f" ({', '.join(sorted(set(gpu_names)))})" if gpu_names else ""))
     # the performance traps (cuDNN shadowed, SDPA backend, driver, flash-attn ABI), the no-compile FlashAttention
@@ -107,7 +141,10 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
         unreadable: dict[str, str] = {}
         recipe_attn, paths, quantized = image_checks.recipe_attn_settings(unreadable), None, True
         problems += [f"recipe {name}: {message}" for name, message in unreadable.items()]
-    for name, found, problem in image_checks.trap_checks(recipe_attn, paths=paths, quantized=quantized):
+    # cuDNN: the machine's own torch build loads its own cuDNN wheel, which is then the reference
+    own_cudnn = image_checks.CUDNN_WHEEL in host.machine and installed is not None
+    cudnn_lock = {"lock": installed, "lock_source": "the machine's installed wheels"} if own_cudnn else {}
+    for name, found, problem in image_checks.trap_checks(recipe_attn, paths=paths, quantized=quantized, **cudnn_lock):
         out(f"{name:<14} {found}")
         if problem and not (setup is not None and setup.options.cpu and name.startswith("attention ")):
             problems.append(problem)

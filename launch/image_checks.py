@@ -111,15 +111,17 @@ def cudnn_number(version: str) -> int | None:
     return major * 10000 + minor * 100 + patch
 
 
-def cudnn_problem(loaded: int | None, locked: str | None, loaded_from: str | None = None) -> str | None:
+def cudnn_problem(loaded: int | None, locked: str | None, loaded_from: str | None = None,
+                  source: str = "image.lock") -> str | None:
+    """source: where `locked` comes from (image.lock; on a machine with its own torch build, its installed wheels)."""
     if locked is None:
-        return f"{CUDNN_WHEEL} is not in image.lock: the cuDNN torch loads cannot be checked"
+        return f"{CUDNN_WHEEL} is not in {source}: the cuDNN torch loads cannot be checked"
     want = cudnn_number(locked)
     if loaded is None:
         return f"torch loads no cuDNN (locked {CUDNN_WHEEL} {locked}): SDPA and convolutions lose their cuDNN paths"
     if loaded != want:
         where = f" from {loaded_from}" if loaded_from else ""
-        return (f"torch loaded cuDNN {loaded}{where}, but image.lock has {CUDNN_WHEEL} {locked} ({want}): a system "
+        return (f"torch loaded cuDNN {loaded}{where}, but {source} has {CUDNN_WHEEL} {locked} ({want}): a system "
                 "cuDNN is found before the wheel's (LD_LIBRARY_PATH, /etc/ld.so.conf, a CUDA base image), which sends "
                 "SDPA to a slower path (transformers #48324: 373 s -> 606 s per 1M-token step). Remove it from the "
                 "loader's path.")
@@ -143,7 +145,7 @@ def loaded_library(stem: str, maps: Path = Path("/proc/self/maps")) -> str | Non
 
 
 def check_cudnn(torch_module=None, lock: dict[str, str] | None = None,
-                maps: Path = Path("/proc/self/maps")) -> Check:
+                maps: Path = Path("/proc/self/maps"), source: str = "image.lock") -> Check:
     torch = _torch(torch_module)
     if not _cuda_build(torch):
         return "cuDNN", NOT_CHECKED, None
@@ -154,7 +156,7 @@ def check_cudnn(torch_module=None, lock: dict[str, str] | None = None,
         loaded = None
     loaded_from = loaded_library("libcudnn.so", maps) if loaded else None
     found = f"{loaded} loaded" + (f" from {loaded_from}" if loaded_from else "") + f"; locked {CUDNN_WHEEL} {locked}"
-    return "cuDNN", found, cudnn_problem(loaded, locked, loaded_from)
+    return "cuDNN", found, cudnn_problem(loaded, locked, loaded_from, source)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -611,12 +613,13 @@ def check_recipes(recipe_attn: dict[str, str], torch_module=None,
 
 
 def trap_checks(recipe_attn: dict[str, str] | None = None, torch_module=None, paths: dict[str, str] | None = None,
-                quantized: bool = False) -> list[Check]:
+                quantized: bool = False, lock: dict[str, str] | None = None, lock_source: str = "image.lock") -> list[Check]:
     """Every check: [(name, what was found, problem or None)]. recipe_attn: {recipe: attn_implementation} of the
     recipes to report (None: none); paths: their layouts (default: read from the recipe folders); quantized: also
-    run bitsandbytes' 4-bit round trip."""
+    run bitsandbytes' 4-bit round trip; lock, lock_source: the versions the loaded cuDNN is held to (default
+    image.lock; a machine's own torch build: its installed wheels)."""
     torch = _torch(torch_module)
-    checks = [check_cudnn(torch), check_sdpa_backend(torch), check_driver(torch), check_flash_attn(torch),
+    checks = [check_cudnn(torch, lock, source=lock_source), check_sdpa_backend(torch), check_driver(torch), check_flash_attn(torch),
               check_flash_attn_4(torch), check_kernels_route()]
     if quantized:
         checks.append(check_bitsandbytes(torch))
