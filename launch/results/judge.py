@@ -72,7 +72,13 @@ def format_verdict(verdict: dict) -> str:
 
 
 def record_command(setup) -> str:
-    return f"python -m launch record {setup.recipe.name} --smoke{' --cpu' if setup.options.cpu else ''}"
+    """The command that records this profile's expected metrics; on GPU with the GPU smoke profile's layout
+    (launch.profiles.smoke_gpu: one process wherever the recipe means something on one GPU)."""
+    if setup.options.cpu:
+        return f"python -m launch record {setup.recipe.name} --smoke --cpu"
+    from launch.profiles import smoke_gpu
+
+    return f"python -m launch record {setup.recipe.name} --smoke " + " ".join(smoke_gpu(setup.recipe).argv())
 
 
 def judge_run(setup, observed: dict, say=print) -> tuple[dict, int]:
