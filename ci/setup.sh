@@ -92,20 +92,21 @@ if [ "$mode" = bundle ]; then
     bundle_platform=${bundle_platform:-$target_platform}
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
-    # launch.pins lists the bundle (it needs `packaging`: --list uses PYTHON when it has it) and pip downloads it
-    # in a throwaway virtualenv with image.lock's packaging and setuptools, hash-checked (DeepSpeed's sdist: pip
-    # reads its metadata with that setuptools, without build isolation; nothing is built).
+    # launch.pins lists the bundle (it needs `packaging`) and pip downloads it (DeepSpeed's sdist: pip reads its
+    # metadata with setuptools' own bdist_wheel, setuptools >= 70.1, without build isolation; nothing is built).
+    # PYTHON when it has all three, else a throwaway virtualenv with image.lock's packaging and setuptools,
+    # hash-checked (--list needs `packaging` only).
     pins() { PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$tool" -m launch.pins "$@"; }
     tool=$PYTHON
-    if $list_only && "$tool" -c 'import packaging' > /dev/null 2>&1; then
-        pins bundle "$dir" --python-version "$bundle_python" --platform "$bundle_platform" --list "${names[@]}"
-        exit 0
+    needs='import packaging, pip, setuptools.command.bdist_wheel'
+    $list_only && needs='import packaging'
+    if ! "$tool" -c "$needs" > /dev/null 2>&1; then
+        "$PYTHON" -m venv "$tmp/venv"
+        tool="$tmp/venv/bin/python"
+        lock_entries requirements/image.lock packaging setuptools > "$tmp/tools.lock"
+        "$tool" -m pip --disable-pip-version-check install --quiet --require-hashes --no-deps --only-binary=:all: \
+            -r "$tmp/tools.lock"
     fi
-    "$PYTHON" -m venv "$tmp/venv"
-    tool="$tmp/venv/bin/python"
-    lock_entries requirements/image.lock packaging setuptools > "$tmp/tools.lock"
-    "$tool" -m pip --disable-pip-version-check install --quiet --require-hashes --no-deps --only-binary=:all: \
-        -r "$tmp/tools.lock"
     if $list_only; then
         pins bundle "$dir" --python-version "$bundle_python" --platform "$bundle_platform" --list "${names[@]}"
         exit 0
@@ -142,8 +143,8 @@ if [ ! -x "$VENV/bin/python" ]; then
         echo "ci/setup.sh: $LOCK is for CPython $target_python but $PYTHON is $(python_version "$PYTHON"): set PYTHON=python$target_python" >&2
         exit 2
     fi
-    if [ "$mode" = from ] && ! "$PYTHON" -c 'import torch' > /dev/null 2>&1; then
-        echo "ci/setup.sh: $PYTHON does not import torch: --from builds on the machine's own torch; set PYTHON to the interpreter that has it" >&2
+    if [ "$mode" = from ] && ! "$PYTHON" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)' > /dev/null 2>&1; then
+        echo "ci/setup.sh: $PYTHON has no torch: --from builds on the machine's own torch; set PYTHON to the interpreter that has it" >&2
         exit 2
     fi
     echo "ci/setup.sh: creating $VENV"

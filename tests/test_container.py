@@ -14,8 +14,10 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 
+import pytest
 import yaml
 
 from helpers.container_checks import (
@@ -330,6 +332,116 @@ def test_the_test_venv_is_the_cpu_lock(tmp_path):
     lock.write_text(re.sub(r"(?m)^numpy==\S+", "numpy==1.0.0", LOCKS["cpu"].read_text()))
     proc = run([sys.executable, "-m", "launch.pins", "check", str(lock)], cwd=ROOT)
     assert proc.returncode == 1 and "numpy" in proc.stdout, proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------------------------------------
+# tests: a GPU host without Docker (ci/setup.sh --gpu, --bundle, --from)
+
+SETUP = ROOT / "ci" / "setup.sh"
+# The image's torch layer packages that follow the torch build (a machine's own torch brings its own) and torch's own
+# dependencies that nothing else of image.in needs
+TORCH_ONLY = {"sympy", "mpmath", "networkx"}
+
+
+def setup_sh(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SETUP), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})))
+
+
+def test_the_bundle_is_the_image_lock_less_the_torch_build():
+    """What `ci/setup.sh --bundle` downloads: every entry of image.lock, with its hashes, except torch's build (torch,
+    triton and the CUDA wheels of the image's torch layer, and torch's own dependencies nothing else needs); the CUDA
+    packages flash-attn-4 brings for itself stay in it."""
+    image_text = LOCKS["image"].read_text()
+    entries, left = pinfiles.bundle_entries()
+    image, layer = pinfiles.read_lock(LOCKS["image"]), pinfiles.read_lock(LOCKS["image-build"])
+    assert set(entries) | set(left) == set(image) and not set(entries) & set(left)
+    assert list(entries) == [name for name in image if name not in left]  # the lock's order
+    assert set(left) == {name for name in layer if name in ("torch", "triton") or name.startswith(("nvidia-", "cuda-"))
+                         } | TORCH_ONLY
+    assert {"nvidia-cutlass-dsl", "filelock", "jinja2", "setuptools", "typing-extensions"} <= set(entries)
+    hashes = pinfiles.parse_hashes("".join(entries.values()))
+    assert hashes.keys() == entries.keys() and all(hashes.values())
+    assert hashes["numpy"] == pinfiles.read_hashes(LOCKS["image"])["numpy"]
+    # the rule reads uv's `# via` annotations: a package something else of the set needs stays in the bundle
+    via = pinfiles.parse_via(image_text)
+    assert via["sympy"] == {"torch"} and "-r requirements/image.in" in via["setuptools"]
+    needed = re.sub(r"(?m)^(sympy==.*\n(?:    --hash=.*\n)+    # via\n)", r"\1    #   datasets\n", image_text)
+    assert needed != image_text and "sympy" not in pinfiles.torch_build(needed, set(layer))
+    # only some packages (to refresh one), and a name that is not the bundle's
+    assert list(pinfiles.bundle_entries(only=["PyYAML", "numpy"])[0]) == ["pyyaml", "numpy"]
+    with pytest.raises(pinfiles.PinError, match=r"torch \(the machine's torch build\), vllm \(not in image.lock\)"):
+        pinfiles.bundle_entries(only=["torch", "vllm"])
+    # PEP 600: a manylinux_2_28 machine installs every older manylinux wheel (bitsandbytes is manylinux_2_24)
+    tags = pinfiles.pip_platforms("manylinux_2_28_x86_64")
+    assert tags[0] == "manylinux_2_28_x86_64" and {"manylinux_2_24_x86_64", "manylinux2014_x86_64",
+                                                   "manylinux1_x86_64"} <= set(tags) and len(tags) == 27
+    assert pinfiles.lock_target(LOCKS["image"]) == ("3.13", "manylinux_2_28_x86_64")
+
+
+def test_setup_sh_gpu_modes_check_their_inputs_before_installing(tmp_path):
+    """Listing the bundle (no download, no files), the lock's target Python for --gpu (as for the CPU lock), --check
+    of a missing venv, a bundle made from another lock, and usage errors: each exits before anything is installed."""
+    python = {"PYTHON": sys.executable}
+    proc = setup_sh("--bundle", tmp_path / "b", "--list", "--python-version", "3.12", env=python)
+    assert proc.returncode == 0, proc.stderr
+    entries, left = pinfiles.bundle_entries()
+    listed = proc.stdout.splitlines()
+    assert listed[:-1] == [block.split(" ", 1)[0] for block in entries.values()]
+    assert listed[-1] == (f"# {len(entries)} packages for CPython 3.12 manylinux_2_28_x86_64; left to the machine's "
+                          f"torch build: {', '.join(left)}")
+    assert not (tmp_path / "b").exists()
+    proc = setup_sh("--gpu", env={**python, "VENV": str(tmp_path / "venv")})
+    assert proc.returncode == 2 and ("requirements/image.lock is for CPython 3.13 but "
+                                     f"{sys.executable} is 3.11: set PYTHON=python3.13") in proc.stderr, proc.stderr
+    assert not (tmp_path / "venv").exists()
+    proc = setup_sh("--gpu", "--check", env={"VENV": str(tmp_path / "venv")})
+    assert proc.returncode == 1 and f"no virtualenv at {tmp_path / 'venv'}" in proc.stderr
+    pinfiles.write_bundle(tmp_path / "old", "3.11", "manylinux_2_28_x86_64", only=["packaging"])
+    manifest = tmp_path / "old" / pinfiles.BUNDLE_MANIFEST
+    manifest.write_text(manifest.read_text().replace(pinfiles.sha256(LOCKS["image"]), "0" * 64))
+    proc = setup_sh("--from", tmp_path / "old", env={**python, "VENV": str(tmp_path / "venv")})
+    assert proc.returncode == 2 and "was made from another requirements/image.lock" in proc.stderr, proc.stderr
+    proc = setup_sh("--from", tmp_path / "none", env=python)
+    assert proc.returncode == 2 and "bundle.lock not found" in proc.stderr
+    for bad in (["--gpu", "extra"], ["--list"], ["--bundle"], ["--bundle", "x", "--check"], ["--python-version", "3.12"]):
+        proc = setup_sh(*bad)
+        assert proc.returncode == 2 and proc.stderr.startswith("usage: bash ci/setup.sh"), (bad, proc.stderr)
+
+
+def test_a_bundle_downloads_hash_checked_and_installs_offline_on_the_machines_torch(tmp_path):
+    """The real thing on a tiny subset (needs the package index): `--bundle DIR setuptools liger-kernel` downloads
+    the two wheels for this Python, each checked against image.lock's hashes; `--from DIR` then sets up a venv on top
+    of this interpreter's torch (the "machine's" torch: here this venv's CPU build) without the network, installs
+    liger-kernel from DIR (it is not in the CPU lock) and this checkout, and writes the marker doctor reads."""
+    bundle, venv = tmp_path / "bundle", tmp_path / "venv"
+    version = "%d.%d" % sys.version_info[:2]
+    proc = setup_sh("--bundle", bundle, "--python-version", version, "setuptools", "liger-kernel",
+                    env={"PYTHON": sys.executable}, timeout=300)
+    if proc.returncode and re.search(r"(?i)(connection|resolve|network|temporary failure|timed out)", proc.stderr):
+        pytest.fail("The package index could not be reached; this check downloads two wheels from it:\n" + proc.stderr)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    image = pinfiles.read_lock(LOCKS["image"])
+    files = sorted(p.name for p in bundle.glob("*.whl"))
+    assert files == [f"liger_kernel-{image['liger-kernel']}-py3-none-any.whl",
+                     f"setuptools-{image['setuptools']}-py3-none-any.whl"], files
+    assert json.loads((bundle / pinfiles.BUNDLE_MANIFEST).read_text())["only"] == ["setuptools", "liger-kernel"]
+    # offline: no index reachable, the bundle's files only
+    offline = {"PYTHON": sys.executable, "VENV": str(venv), "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+               "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": ""}
+    proc = setup_sh("--from", bundle, env=offline, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1] == f"ci/setup.sh: {venv} matches {bundle}/bundle.lock"
+    py = venv / "bin" / "python"
+    probe = run([str(py), "-c", "import importlib.metadata as m, launch, liger_kernel, torch; "
+                 "print(m.version('liger-kernel'), launch.__file__, liger_kernel.__file__.startswith(%r))" % str(venv)],
+                cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.split() == [image["liger-kernel"], str(ROOT / "launch" / "__init__.py"), "True"]
+    marker = json.loads((venv / pinfiles.MARKER).read_text())
+    assert marker["lock"] == "requirements/image.lock" and marker["setup"] == f"ci/setup.sh --from {bundle}"
+    assert "torch" in marker["machine_packages"] and "liger-kernel" not in marker["machine_packages"]
+    assert setup_sh("--from", bundle, "--check", env=offline).returncode == 0
 
 
 def test_flash_attn_targets_follow_torch_cuda_arch_list(tmp_path):

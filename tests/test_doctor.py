@@ -21,10 +21,10 @@ def pinned_versions(**changes):
     return versions
 
 
-def doctor(setup=None, versions=None, gpus=("NVIDIA H100 80GB HBM3",) * 8, strict=True, installed=None):
+def doctor(setup=None, versions=None, gpus=("NVIDIA H100 80GB HBM3",) * 8, strict=True, installed=None, host=None):
     lines: list[str] = []
     n = run_doctor(setup, versions=versions or pinned_versions(), gpus=list(gpus), strict=strict, out=lines.append,
-                   installed=installed)
+                   installed=installed, host=host)
     return n, "\n".join(lines)
 
 
@@ -168,3 +168,75 @@ def test_doctor_checks_the_adapter_packages_and_their_4bit_path(monkeypatch):
     doctor(resolve(Options(recipe="zero3", extra=["--load_in_4bit", "true"])))
     doctor()
     assert asked == [False, True, True]
+
+
+# ---- a virtualenv judged against the lock it was set up from (its setup marker: ci/setup.sh --gpu / --from) ------------
+
+def test_a_venv_is_judged_against_the_lock_its_setup_marker_names(tmp_path):
+    """`ci/setup.sh --gpu` writes a marker naming image.lock: doctor reads it (from sys.prefix; here a folder) and
+    requires the whole lock (its GPU-only packages included), extra packages allowed; no marker: the CPU lock."""
+    image = pinfiles.read_lock(pinfiles.IMAGE_LOCK)
+    assert pinfiles.host_lock(False, prefix=tmp_path).path == pinfiles.CPU_LOCK  # no marker: today's choice
+    assert pinfiles.host_lock(True, prefix=tmp_path).path == pinfiles.IMAGE_LOCK
+    pinfiles.write_marker(tmp_path, pinfiles.IMAGE_LOCK, "ci/setup.sh --gpu")
+    host = pinfiles.host_lock(False, prefix=tmp_path)
+    assert (host.path, host.require_all, host.exact, host.machine) == (pinfiles.IMAGE_LOCK, True, False, frozenset())
+    n, out = doctor(installed={**image, "ipython": "9.0.0"}, strict=False, host=host)
+    assert n == 0 and ("lock           image.lock: the installed versions match (set up by `ci/setup.sh --gpu`, "
+                       f"{tmp_path.name}/llm-recipes-setup.json)") in out, out
+    n, out = doctor(installed={k: v for k, v in image.items() if k != "xxhash"}, strict=False, host=host)
+    assert n == 1 and f"PROBLEM: xxhash is not installed (image.lock locks {image['xxhash']})" in out, out
+    n, out = doctor(versions=pinned_versions(**{"liger-kernel": None}), installed=image, strict=False, host=host)
+    assert n == 1 and "PROBLEM: liger-kernel is not installed" in out, out
+    # the same venv without its marker is judged as the CPU venv: GPU-only packages may be missing there
+    n, out = doctor(versions=pinned_versions(**{"liger-kernel": None}), strict=False,
+                    host=pinfiles.host_lock(False, prefix=tmp_path / "other"))
+    assert n == 0, out
+    # a broken marker is named
+    (tmp_path / pinfiles.MARKER).write_text("{")
+    with pytest.raises(pinfiles.PinError, match="is not a setup marker"):
+        pinfiles.host_lock(False, prefix=tmp_path)
+
+
+def test_a_bundle_venv_reports_the_machines_torch_build_without_failing_on_it(tmp_path, monkeypatch):
+    """`ci/setup.sh --from DIR` (the bundle on top of the machine's own torch): torch, triton and the CUDA wheels
+    differ from image.lock by choice; doctor names each difference in one line and counts none of them, while any
+    other package that differs is a problem. The loaded cuDNN is held to the machine's own cuDNN wheel."""
+    image = pinfiles.read_lock(pinfiles.IMAGE_LOCK)
+    manifest = pinfiles.write_bundle(tmp_path / "bundle", "3.12", "manylinux_2_28_x86_64")
+    pinfiles.write_marker(tmp_path, pinfiles.IMAGE_LOCK, "ci/setup.sh --from bundle", tmp_path / "bundle")
+    host = pinfiles.host_lock(False, prefix=tmp_path)
+    assert host.machine == frozenset(manifest["machine_packages"]) and {"torch", "triton", "nvidia-cudnn-cu13"} <= host.machine
+    machine = {"torch": "2.11.0+cu130", "triton": "3.5.1", "nvidia-cudnn-cu13": "9.19.0.56"}
+    installed = {**image, **machine}
+    del installed["cuda-toolkit"]
+    kwargs = []
+    from launch import image_checks
+
+    real = image_checks.trap_checks
+    monkeypatch.setattr(image_checks, "trap_checks", lambda recipe_attn, **kw: kwargs.append(kw) or real(
+        recipe_attn, paths=kw.get("paths")))
+    n, out = doctor(versions=pinned_versions(torch="2.11.0+cu130"), installed=installed, strict=False, host=host)
+    assert n == 0, out
+    left = len(host.machine)
+    assert ("machine torch  the machine's own, not judged against image.lock: 3 differ: nvidia-cudnn-cu13 9.19.0.56 "
+            f"(image.lock: {image['nvidia-cudnn-cu13']}), torch 2.11.0+cu130 (image.lock: {image['torch']}), triton "
+            f"3.5.1 (image.lock: {image['triton']}); {left - 4} as locked; not installed: cuda-toolkit") in out, out
+    assert "torch          2.11.0+cu130   2.13.0" in out  # still shown beside its pin
+    assert kwargs[-1]["lock"] is installed and kwargs[-1]["lock_source"] == "the machine's installed wheels"
+    # a package of the bundle that differs is a problem as anywhere
+    n, out = doctor(versions=pinned_versions(torch="2.11.0+cu130", transformers="5.22.0"),
+                    installed={**installed, "transformers": "5.22.0", "numpy": "1.26.4"}, strict=False, host=host)
+    assert n == 2 and f"PROBLEM: numpy 1.26.4 is installed but image.lock locks {image['numpy']}" in out, out
+    assert "PROBLEM: transformers 5.22.0 is installed but 5.23.0 is pinned" in out
+    # without the marker the same machine's torch is a problem (it differs from the pin)
+    n, out = doctor(versions=pinned_versions(torch="2.11.0+cu130"), strict=False)
+    assert n == 1 and "PROBLEM: torch 2.11.0+cu130 is installed but 2.13.0 is pinned" in out
+
+
+def test_a_broken_setup_marker_is_a_problem(tmp_path, monkeypatch):
+    (tmp_path / pinfiles.MARKER).write_text('{"lock": 3}')
+    monkeypatch.setattr(pinfiles.sys, "prefix", str(tmp_path))
+    n, out = doctor(installed=pinfiles.read_lock(pinfiles.CPU_LOCK), strict=False)
+    assert n == 1 and f"PROBLEM: {tmp_path / pinfiles.MARKER} is not a setup marker" in out, out
+    assert "lock           cpu.lock: the installed versions match" in out
