@@ -7,7 +7,12 @@ Accelerate leaves unwrapped and one that DeepSpeed wraps cover every code path o
 recorded setup, the spread, the memory beside the planner, the report), and each more recipe is a `python -m launch`
 subprocess of 30-60 s on the 2-core CI machine. The step count is as before the spread was added (2 steps), so this
 test costs what it did (`time` of the tiny check on the loaded 2-core machine: 144 s wall / 44.4 s user before,
-83 s wall / 43.5 s user after; the wall time follows the machine's load)."""
+83 s wall / 43.5 s user after; the wall time follows the machine's load).
+
+The report is rewritten after the doctor and after every row (a check stopped by a time limit keeps what finished):
+the tiny run shows it in its output, and an in-process run with the launcher runs faked (no training) checks the
+report on disk while a row runs, the --quick set and order, and that --budget-s stops starting rows that cannot
+finish, with a fake clock."""
 
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ SCRIPT = REPO / "benchmarks" / "gpu" / "check.py"
 def load_check():
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -45,6 +51,10 @@ def test_the_tiny_check_runs_end_to_end_on_cpu(tiny_check):
     stem = f"cpu-tiny-{dt.date.today().isoformat()}"
     report = (root / "results" / f"{stem}.md").read_text()
     raw = json.loads((root / "results" / f"{stem}.json").read_text())
+    # rewritten after the doctor, after each row and after the ALST section
+    written = [line.split("(", 1)[1] for line in proc.stdout.splitlines() if line.startswith("[check] report: ")]
+    assert written == ["0 of 2 rows)", "1 of 2 rows)", "2 of 2 rows)", "2 of 2 rows)"], proc.stdout[-3000:]
+    assert not list(root.glob("results/*.tmp"))
     # environment and doctor
     assert raw["environment"]["versions"]["torch"] and raw["doctor"]["rc"] == 0
     assert "Versions: python" in report and "Doctor (`python -m launch doctor`): exit 0" in report
@@ -78,6 +88,9 @@ def test_the_tiny_check_runs_end_to_end_on_cpu(tiny_check):
         assert row["result"] == "trains", row
         assert row["command"].startswith(f"python -m launch {recipe} --num-processes 1")
         assert "--synthetic" in row["command"]
+        # nothing tracked, nothing saved (the training arguments the check sets, in one place)
+        assert "-- --report_to none --save_strategy no " in row["command"]
+        assert not list((root / "work" / f"{recipe}-tiny-64").glob("checkpoint-*"))
         assert row["tokens_per_s_per_gpu"] > 0 and row["tokens_per_step"] == 4 * 64  # 4 rows of exactly 64
         assert row["mfu"] is None and "CPU" in row["mfu_note"]
         measured, predicted, ratio = row["memory"]["peak RSS per process"]
@@ -105,7 +118,7 @@ def test_the_check_uses_the_launchers_synthetic_option(tmp_path, capsys):
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(check.TINY_CONFIG))
-    assert check.synthetic(folder) == (["--synthetic", "--model", str(folder)], [])
+    assert check.synthetic(folder) == (["--synthetic", "--model", str(folder)], check.TRAINING_ARGS)
     rc = main(["zero3", "--smoke", "--cpu", "--synthetic", "--model", str(folder), "--dry-run", "--",
                "--dataset_name", "no/such-dataset"])
     out = capsys.readouterr()
@@ -142,8 +155,8 @@ def test_a_gpu_report_shows_mfu_and_memory_beside_the_planner():
                "published": check.published("Qwen3-8B", "ddp", 8192),
                "result": "refused: the planner predicts 96.3 GiB, the GPU has 79.1 (--force runs it)"}
     a = check.parse([])
-    assert a.recipes.split(",") == ["ddp", "zero3", "fsdp2", "lora"] and a.steps > 5  # the GPU default
-    assert check.parse(["--tiny"]).recipes == "ddp,zero3"
+    assert {r.recipe for r in check.select_rows(a)} == {"ddp", "zero3", "fsdp2", "lora"} and a.steps > 5  # GPU
+    assert [r.recipe for r in check.select_rows(check.parse(["--tiny"]))] == ["ddp", "zero3"]
     text = check.markdown(env, None, [row, fsdp, lora, refused], None, a, [])
     assert text.startswith("# One-GPU check: NVIDIA H100 80GB HBM3, 2026-11-24")
     assert "power limit 700.00 W), driver 580.65, CUDA 13.0" in text
@@ -163,3 +176,86 @@ def test_a_gpu_report_shows_mfu_and_memory_beside_the_planner():
     assert check.published("Qwen3-4B", "zero3", 8192)["kind"] == "tokens/s"
     assert check.published("Qwen3-0.6B", "zero3", 8192) is None
     assert check.REFUSED.search("The planner predicts 96.3 GiB per GPU and the GPUs here have 79.1 GiB: ...")
+
+
+def test_the_row_list_quick_set_and_order():
+    """`--quick`: doctor and the QUICK rows, 2 + 6 steps, 8 minutes of budget; everything: the QUICK rows first, then
+    the rows set against a published figure, then the rest; --models/--recipes/--lengths keep the rows that match.
+    A variant of a row (launcher options of its own) is one more line, run beside the default row."""
+    check = load_check()
+    Row = check.Row
+    quick = check.parse(["--quick"])
+    assert (quick.only, quick.warmup, quick.steps, quick.budget_s) == ("doctor,throughput", 2, 6, 480)
+    assert check.select_rows(quick) == [Row("Qwen3-1.7B", "ddp", 2048), Row("Qwen3-4B", "fsdp2", 4096),
+                                        Row("Qwen3-8B", "lora", 4096), Row("Qwen3-4B", "zero3", 8192)]
+    # the published one-H100 figures are among them; a family per row
+    assert {r.recipe for r in check.QUICK} == set(check.RECIPES)
+    assert check.published("Qwen3-8B", "lora", 4096)["value"] == 12473
+    assert check.published("Qwen3-4B", "zero3", 8192)["value"] == 2436
+    everything = check.select_rows(check.parse([]))
+    assert everything[:4] == check.QUICK and len(everything) == len(set(everything)) == 4 * 2 * 4 + 2
+    kinds = [0 if r in check.QUICK else 1 if check.published(r.model, r.recipe, r.max_length) else 2 for r in everything]
+    assert kinds == sorted(kinds) and kinds.count(1) > 5
+    assert check.select_rows(check.parse(["--models", "Qwen3-8B", "--recipes", "lora", "--lengths", "4096"])) == [
+        Row("Qwen3-8B", "lora", 4096)]
+    assert [r.model for r in check.select_rows(check.parse(["--quick", "--models", "Qwen3-4B"]))] == ["Qwen3-4B"] * 2
+    variant = Row("Qwen3-1.7B", "ddp", 2048, ("--use-something",))
+    assert check.ordered([variant] + check.QUICK) == check.QUICK + [variant]  # a published row, after QUICK
+    assert check.row_folder(variant) == "ddp-qwen3-1-7b-2048-use-something" != check.row_folder(check.QUICK[0])
+
+
+def test_the_report_is_written_after_every_row_and_the_budget_stops_starting_rows(tmp_path, monkeypatch, capsys):
+    """`--quick --budget-s 300` with the doctor and the runs faked (no training) and a fake clock: the report on disk,
+    while a row runs, holds the rows before it and lists the rest as not run yet; after two rows of 100 s the rows
+    whose estimate (start-up and speed measured by the rows before, their own FLOPs per step) does not fit the time
+    left are skipped and the report says so; a run gets the time left as its timeout."""
+    check = load_check()
+    now = [0.0]
+    real_budget = check.Budget
+    monkeypatch.setattr(check, "Budget", lambda seconds: real_budget(seconds, clock=lambda: now[0]))
+    out = tmp_path / "results"
+    stem = out / f"cpu-{dt.date.today().isoformat()}"
+    seen = []
+
+    def doctor(cpu, timeout):
+        now[0] += 10
+        return {"rc": 0, "seconds": 10, "problems": [], "tail": ""}
+
+    def run(spec, folder, a, work, timeout=None):
+        on_disk = json.loads(stem.with_suffix(".json").read_text())
+        seen.append(([r["result"] for r in on_disk["throughput"]], timeout))
+        assert check.PENDING in stem.with_suffix(".md").read_text()
+        now[0] += 100
+        return {"model": spec.model, "recipe": spec.recipe, "max_length": spec.max_length, "options": [],
+                "seconds": 100.0, "result": "trains", "tokens_per_s_per_gpu": 1.0,
+                "spread": {"steps": a.steps, "step_s": {"median": 0.5, "min": 0.5, "max": 0.5}}}
+
+    monkeypatch.setattr(check, "run_doctor", doctor)
+    monkeypatch.setattr(check, "run_throughput", run)
+    monkeypatch.setattr(check, "environment", lambda cpu: {"date": dt.date.today().isoformat(), "host": "h",
+                                                             "python": "3", "versions": {}, "cuda": None,
+                                                             "cudnn": None, "gpu": None})
+    assert check.main(["--quick", "--cpu", "--budget-s", "300", "--out", str(out), "--work", str(tmp_path)]) == 0
+    pending = check.PENDING
+    # the time left less the launcher's stop (40 s): 300 - 10 (doctor) - 40, then 100 s less
+    assert seen == [([pending] * 4, 250), (["trains", pending, pending, pending], 150)]
+    raw = json.loads(stem.with_suffix(".json").read_text())
+    results = [r["result"] for r in raw["throughput"]]
+    assert results[:2] == ["trains", "trains"]
+    # measured: start-up 100 - 8 x 0.5 = 96 s, and the rate of the first row; the 8B LoRA row has 9.0x its FLOPs
+    # per step (16,384 tokens of a 3x larger model): 96 + 8 x 0.5 x 9.0 = 132 s, with 90 s left
+    a = check.parse(["--quick", "--cpu"])
+    first, lora = check.QUICK[0], check.QUICK[2]
+    ratio = check.flops_per_step(lora, check.CONFIGS / check.MODELS["Qwen3-8B"], a) / check.flops_per_step(
+        first, check.CONFIGS / check.MODELS["Qwen3-1.7B"], a)
+    assert 8.5 < ratio < 9.5
+    assert results[2] == f"skipped: about {96 + 8 * 0.5 * ratio:.0f} s needed, 90 s of --budget-s left"
+    assert results[3].startswith("skipped: about ") and results[3].endswith("s needed, 90 s of --budget-s left")
+    assert raw["budget"] == {"seconds": 300, "used": 210.0, "skipped": 2}
+    report = stem.with_suffix(".md").read_text()
+    assert "Budget: 300 s (--budget-s); 210 s used; 2 row(s) not started" in report and pending not in report
+    assert "| Qwen3-8B | lora | - |" in report
+    # a budget too short to stop a run in is refused
+    with pytest.raises(SystemExit):
+        check.parse(["--budget-s", "30"])
+    assert "a run needs up to" in capsys.readouterr().err

@@ -1,30 +1,40 @@
 """One-GPU check: environment, synthetic throughput and memory against the planner, and ALST's longest length.
 
 Runs the launcher as a user would (`python -m launch ...` subprocesses, from the repository root) and writes one
-Markdown report to benchmarks/results/<gpu>-<date>.md (and the raw rows as .json next to it). Needs no network: the
-models are the config.json files of docs/model_configs/ (synthetic runs: random weights, random tokens).
+Markdown report to benchmarks/results/<gpu>-<date>.md (and the raw rows as .json next to it), rewritten after the
+doctor and after every row: a check stopped by a time limit keeps what finished, and lists the rows it had not run.
+Needs no network: the models are the config.json files of docs/model_configs/ (synthetic runs: random weights,
+random tokens), and no run tracks or saves anything (`TRAINING_ARGS`).
 
-    python benchmarks/gpu/check.py                      # everything (about 30-40 min on one H100, see README.md)
-    python benchmarks/gpu/check.py --only doctor,throughput --models Qwen3-0.6B,Qwen3-1.7B
+    python benchmarks/gpu/check.py --quick              # doctor and 4 rows, at most 8 minutes (--budget-s 480)
+    python benchmarks/gpu/check.py                      # everything (hours with the ALST search, see README.md)
+    python benchmarks/gpu/check.py --only doctor,throughput --models Qwen3-0.6B,Qwen3-1.7B --budget-s 540
     python benchmarks/gpu/check.py --only alst --alst-timeout 540
     python benchmarks/gpu/check.py --cpu --tiny          # CPU, a tiny config, ddp and zero3, 2 steps: end to end
 
 Sections (`--only`):
 - doctor: `python -m launch doctor`;
-- throughput: for each model (Qwen3-0.6B/1.7B/4B/8B), length (2,048 and 8,192) and recipe, one process:
-  `python -m launch RECIPE --num-processes 1 --bench ...` on synthetic inputs, 2 warm-up + 10 measured steps. The
-  recipes (`RECIPES`) are the layouts that mean something on one GPU: ddp (one process: Accelerate wraps nothing,
-  the baseline), zero3 (DeepSpeed's engine wraps), fsdp2 (fully_shard wraps, a shard group of one) and lora (DDP
-  layout, a LoRA adapter). Each row says its recipe and layout, what the rank ran (attention implementation and the
-  SDPA backend its dispatcher picked, checkpointing mode, Liger; `launch.rank.measure.run_setup`), the median and
-  min-max of the per-step time and tokens/s per GPU, MFU in both conventions, peak memory against the planner, and
-  the published figure it is set against (`PUBLISHED`, from /work/shared/REFERENCE.md only, with its convention;
-  "none published" where there is none). A run the planner predicts does not fit is refused by the launcher and
-  reported as such (`--force` runs it anyway);
+- throughput: the rows of `ROWS` (a model of docs/model_configs/, a recipe, a max_length, and launcher options
+  beyond the defaults; one line each), most informative first, one process each: `python -m launch RECIPE
+  --num-processes 1 --bench ...` on synthetic inputs, 2 warm-up + 10 measured steps (--quick: + 6). `--quick` runs
+  the `QUICK` rows; --models, --recipes and --lengths keep the rows that match. The recipes (`RECIPES`) are the
+  layouts that mean something on one GPU: ddp (one process: Accelerate wraps nothing, the baseline), zero3
+  (DeepSpeed's engine wraps), fsdp2 (fully_shard wraps, a shard group of one) and lora (DDP layout, a LoRA adapter).
+  Each row says its recipe and layout, what the rank ran (attention implementation and the SDPA backend its
+  dispatcher picked, checkpointing mode, Liger; `launch.rank.measure.run_setup`), the median and min-max of the
+  per-step time and tokens/s per GPU, MFU in both conventions, peak memory against the planner, and the published
+  figure it is set against (`PUBLISHED`, from /work/shared/REFERENCE.md only, with its convention; "none published"
+  where there is none). A run the planner predicts does not fit is refused by the launcher and reported as such
+  (`--force` runs it anyway);
 - alst: Llama-3.1-8B's architecture on alst-ulysses-8gpu with one process and sp 1 (ZeRO-3 with the optimizer in
   host memory, tiled MLP, checkpoint offload): `python -m launch bench ... --max-length auto` searches the longest
   length that trains, beside ALST's published 500K tokens on one H100 and the planner's figure (`python -m launch
   plan ... --json`). On CPU the search is replaced by the planner's figure and a `--dry-run` (said in the report).
+
+`--budget-s S`: the check's wall time from its start. A row starts only when its estimate (`Budget.estimate`: the
+start-up and the speed measured by this check's earlier rows, the row's FLOPs per step) fits the time left; a row
+that starts is stopped at the end of the budget; the rows not started are in the report, "skipped", with the time
+they needed.
 """
 
 from __future__ import annotations
@@ -40,12 +50,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from launch.memory.architecture import Architecture  # noqa: E402 - a config.json read as the planner reads it
 from launch.rank import run_files  # noqa: E402 - names only (where a run's rank files lie); imports nothing
+from launch.recipes import find_recipe  # noqa: E402 - a recipe's config.yaml (yaml only)
+from launch.supervise import GRACE_SECONDS  # noqa: E402 - how long the launcher lets its ranks stop
+from launch.throughput import flops_params, flops_per_token  # noqa: E402 - the MFU formulas the rows use
 
 CONFIGS = REPO / "docs" / "model_configs"
 RESULTS = REPO / "benchmarks" / "results"
@@ -57,9 +72,48 @@ ALST_PUBLISHED = (500_000, "ALST (arXiv 2506.13996): Llama-3.1-8B, 500K tokens o
 # The throughput section's recipes: on GPU every layout that wraps the model on one GPU, beside ddp (which at one
 # process Accelerate does not wrap: the unwrapped baseline). --tiny keeps the two that prove the script end to end on
 # CPU (a plain and a DeepSpeed-wrapped run; fsdp2 and lora add no code path of this script), so CI does not grow.
-RECIPES = "ddp,zero3,fsdp2,lora"
-TINY_RECIPES = "ddp,zero3"
+RECIPES = ("ddp", "zero3", "fsdp2", "lora")
+TINY_RECIPES = ("ddp", "zero3")
+LENGTHS = (2048, 8192)
 FULL_FINE_TUNES = {"ddp", "zero3", "fsdp2"}
+# Every run of this check trains random weights on random tokens to measure them: nothing is tracked (trackio may
+# be absent on a GPU machine) and nothing is saved. The one place the check sets training arguments of its own.
+TRAINING_ARGS = ["--report_to", "none", "--save_strategy", "no"]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One throughput row: a model of MODELS (or "tiny"), a recipe, a max_length, and launcher options beyond the
+    check's own (e.g. a faster variant of the same row: one more line in QUICK or ROWS)."""
+
+    model: str
+    recipe: str
+    max_length: int
+    options: tuple[str, ...] = ()
+
+
+# --quick, in this order: one row per recipe family at one size, three of them the rows measured on an H100 before
+# (/work/shared/GPU-MEASURED.md: Qwen3-1.7B ddp 2K, Qwen3-4B fsdp2 4K, Qwen3-8B lora 4K, so a new GPU or stack is
+# set against a known figure at once) and the two set against a published one-H100 figure (`PUBLISHED`: NeMo's 8B
+# LoRA at 4K, the Ulysses blog's Qwen3-4B ZeRO-3 at 8K).
+QUICK = [
+    Row("Qwen3-1.7B", "ddp", 2048),
+    Row("Qwen3-4B", "fsdp2", 4096),
+    Row("Qwen3-8B", "lora", 4096),
+    Row("Qwen3-4B", "zero3", 8192),
+]
+
+
+def ordered(rows: list[Row]) -> list[Row]:
+    """The rows in the order they run, each once: the QUICK rows first (their order), then the rows set against a
+    published figure, then the rest, each group in the given order (smaller models first: cheaper)."""
+    unique = list(dict.fromkeys(rows))
+    return sorted(unique, key=lambda r: (0 if r in QUICK else 1 if published(r.model, r.recipe, r.max_length) else 2,
+                                         QUICK.index(r) if r in QUICK else 0))
+
+
+# Everything: the QUICK rows, then every model x length x recipe of the one-GPU layouts.
+ROWS = QUICK + [Row(model, recipe, length) for model in MODELS for length in LENGTHS for recipe in RECIPES]
 _FOUNDRY = ("llm-foundry's {size} model, bf16, 8 x H100, FSDP (REFERENCE.md, Throughput conventions: llm-foundry "
             "scripts/train/benchmarking/README.md); another model of the nearest published size, on 8 GPUs")
 # The published figure each throughput row is set against: (models, recipes, max_length, kind, value, source), ONLY
@@ -88,10 +142,14 @@ TINY_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hi
 
 def synthetic(model_dir: Path) -> tuple[list[str], list[str]]:
     """(launcher options, training arguments after `--`) of a synthetic run of the model in model_dir."""
-    return ["--synthetic", "--model", str(model_dir)], []
+    return ["--synthetic", "--model", str(model_dir)], list(TRAINING_ARGS)
 
 
 # ---- running the launcher -------------------------------------------------------------------------------------------
+# After SIGTERM the launcher stops its ranks within GRACE_SECONDS (then SIGKILLs them); it gets 10 s more to exit.
+STOP_WAIT_S = GRACE_SECONDS + 10
+
+
 def launch(args: list[str], timeout: float, echo=None) -> tuple[int | None, str, float]:
     """`python -m launch ARGS` from the repository root: (exit status or None on timeout, output, seconds). Output
     is passed line by line to `echo` (e.g. print) as it comes."""
@@ -121,12 +179,12 @@ def launch(args: list[str], timeout: float, echo=None) -> tuple[int | None, str,
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to the launcher (it stops its ranks), SIGKILL to its process group after 60 s."""
+    """SIGTERM to the launcher (it stops its ranks), SIGKILL to its process group after STOP_WAIT_S."""
     import signal
 
     try:
         proc.terminate()
-        proc.wait(timeout=60)
+        proc.wait(timeout=STOP_WAIT_S)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -184,19 +242,27 @@ def _figure(bench: dict, what: str, measured_key: str, legacy_key: str | None):
     return measured, predicted, (measured / predicted if measured and predicted else None)
 
 
-def run_throughput(model: str, model_dir: Path, recipe: str, length: int, a, work: Path) -> dict:
-    out = work / f"{recipe}-{slug(model)}-{length}"
+def row_folder(row: Row) -> str:
+    return f"{row.recipe}-{slug(row.model)}-{row.max_length}" + (f"-{slug(' '.join(row.options))}" if row.options
+                                                                   else "")
+
+
+def run_throughput(spec: Row, model_dir: Path, a, work: Path, timeout: float | None = None) -> dict:
+    """One row: the launcher run, then what its run_summary.json says. timeout: this run's (default --timeout)."""
+    model, recipe, length = spec.model, spec.recipe, spec.max_length
+    timeout = a.timeout if timeout is None else timeout
+    out = work / row_folder(spec)
     options, training = synthetic(model_dir)
     args = [recipe, "--num-processes", "1", "--output-dir", out, "--overwrite", "--bench", "--bench-warmup",
-            a.warmup, "--bench-steps", a.steps, *options]
+            a.warmup, "--bench-steps", a.steps, *options, *spec.options]
     args += ["--cpu"] if a.cpu else []
     args += ["--force"] if a.force else []
     args += ["--", *training, "--max_length", length, "--logging_steps", "1"]
     if a.batch:
         args += ["--per_device_train_batch_size", a.batch]
-    rc, text, secs = launch(args, a.timeout, echo=print if a.verbose else None)
-    row = {"model": model, "recipe": recipe, "max_length": length, "rc": rc, "seconds": round(secs, 1),
-           "command": "python -m launch " + " ".join(map(str, args))}
+    rc, text, secs = launch(args, timeout, echo=print if a.verbose else None)
+    row = {"model": model, "recipe": recipe, "max_length": length, "options": list(spec.options), "rc": rc,
+           "seconds": round(secs, 1), "command": "python -m launch " + " ".join(map(str, args))}
     summary_path = out / "run_summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() and rc is not None else {}
     bench = summary.get("bench") or {}
@@ -215,7 +281,7 @@ def run_throughput(model: str, model_dir: Path, recipe: str, length: int, a, wor
                    [("peak RSS per process", "peak_rss_gib_per_process", "cpu_rss_gib")])
         row["memory"] = {what: _figure(bench, what, key, legacy) for what, key, legacy in figures}
     elif rc is None:
-        row["result"] = f"timed out after {a.timeout:.0f} s"
+        row["result"] = f"timed out after {timeout:.0f} s" + (" (the end of --budget-s)" if timeout < a.timeout else "")
     elif any(m in text for m in ("OutOfMemoryError", "CUDA out of memory")):
         row["result"] = "out of memory"
     elif m := REFUSED.search(text):
@@ -364,6 +430,81 @@ def tiny_model(work: Path) -> tuple[Path, str]:
     return folder, "tiny Qwen3 (2 layers, hidden 64)"
 
 
+# ---- which rows, and the time budget -----------------------------------------------------------------------------
+def select_rows(a) -> list[Row]:
+    """The rows this check runs, in order: --tiny's, --quick's or all, less those --models/--recipes/--lengths leave
+    out."""
+    rows = [Row("tiny", recipe, 64) for recipe in TINY_RECIPES] if a.tiny else QUICK if a.quick else ROWS
+    keep = {"model": a.models, "recipe": a.recipes, "max_length": a.lengths}
+    for field, wanted in keep.items():
+        if wanted:
+            values = {int(v) if field == "max_length" else v for v in wanted.split(",")}
+            rows = [r for r in rows if getattr(r, field) in values]
+    return ordered(rows)
+
+
+def model_dir(row: Row, work: Path) -> Path:
+    return tiny_model(work)[0] if row.model == "tiny" else CONFIGS / MODELS[row.model]
+
+
+def flops_per_step(row: Row, folder: Path, a) -> float:
+    """Training FLOPs of one optimizer step of the row (non-causal, as the MFU column): the tokens of a step
+    (per_device_train_batch_size x gradient_accumulation_steps x max_length, from the recipe's config.yaml or --batch)
+    times the FLOPs per token of the model's config.json (launch.throughput)."""
+    config = find_recipe(row.recipe).config
+    batch = a.batch or int(config.get("per_device_train_batch_size") or 8)  # TRL's default where a recipe sets none
+    tokens = batch * int(config.get("gradient_accumulation_steps") or 1) * row.max_length
+    arch = Architecture.from_config(json.loads((folder / "config.json").read_text()))
+    return tokens * flops_per_token(flops_params(arch), arch.num_layers, arch.num_attention_heads, arch.head_dim,
+                                    row.max_length)
+
+
+# A row's wall time before this check has measured one: the longest launcher run per row on an H100 so far
+# (/work/shared/GPU-MEASURED.md: 36-62 s per row, 2 warm-up + 6 measured steps, 20-37 s of it before the first step).
+FIRST_ROW_S = 62
+
+
+class Budget:
+    """--budget-s: the check's wall time, counted from its start. A row starts only when its estimate fits the time
+    left; a row that starts gets the time left (less STOP_WAIT_S, the launcher's stop) as its timeout, so the check
+    ends within the budget. The estimate is measured, not assumed, once a row has finished: the longest start-up
+    (wall time less the row's steps at their measured speed) plus the row's steps at the slowest rate (training
+    FLOP/s) measured so far."""
+
+    def __init__(self, seconds: float | None, clock=time.monotonic):
+        self.seconds, self.clock, self.start = seconds, clock, clock()
+        self.startups: list[float] = []
+        self.rates: list[float] = []
+
+    def left(self) -> float:
+        return float("inf") if self.seconds is None else self.seconds - (self.clock() - self.start)
+
+    def estimate(self, row: Row, folder: Path, a) -> float:
+        if not self.rates:
+            return FIRST_ROW_S
+        return max(self.startups) + (a.warmup + a.steps) * flops_per_step(row, folder, a) / min(self.rates)
+
+    def learn(self, row: Row, folder: Path, result: dict, a) -> None:
+        """What a finished row measured: its training FLOP/s and its start-up."""
+        step_s = ((result.get("spread") or {}).get("step_s") or {}).get("median")
+        if result.get("result") != "trains" or not step_s:
+            return
+        self.rates.append(flops_per_step(row, folder, a) / step_s)
+        self.startups.append(max(0.0, result["seconds"] - (a.warmup + a.steps) * step_s))
+
+    def timeout(self, a) -> float:
+        """The timeout of the next run: --timeout, or less at the end of the budget."""
+        return min(a.timeout, self.left() - STOP_WAIT_S)
+
+
+PENDING = "not run yet (the check was still running when this report was written)"
+
+
+def skipped(row: Row, reason: str) -> dict:
+    return {"model": row.model, "recipe": row.recipe, "max_length": row.max_length, "options": list(row.options),
+            "published": published(row.model, row.recipe, row.max_length), "result": reason}
+
+
 # ---- the report -----------------------------------------------------------------------------------------------------
 def _pct(x) -> str:
     return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "-"
@@ -465,7 +606,8 @@ def throughput_section(rows: list[dict], a) -> list[str]:
             cell = f"{figure} [{notes.index(note) + 1}]"
         else:
             cell = "none published"
-        cells = [r["model"], r["recipe"], lay, attention(setup), checkpointing(setup), liger(setup),
+        recipe = " ".join([r["recipe"], *r.get("options", [])])
+        cells = [r["model"], recipe, lay, attention(setup), checkpointing(setup), liger(setup),
                  f"{r['max_length']:,}", tokens, _range(sp.get("step_s"), ".3f"),
                  _range(sp.get("tokens_per_s_per_gpu"), ",.0f"), _pct(r.get("mfu")), _pct(r.get("mfu_causal")),
                  *(_mem(mem.get(k)) for k in keys), cell, r["result"]]
@@ -478,7 +620,8 @@ def throughput_section(rows: list[dict], a) -> list[str]:
     return lines
 
 
-def markdown(env: dict, doctor: dict | None, rows: list[dict], alst: dict | None, a, argv: list[str]) -> str:
+def markdown(env: dict, doctor: dict | None, rows: list[dict], alst: dict | None, a, argv: list[str],
+             budget: dict | None = None) -> str:
     gpu = env["gpu"]
     title = gpu["name"] if gpu else "CPU (no GPU: the script's own check, no GPU figures)"
     v = env["versions"]
@@ -490,12 +633,18 @@ def markdown(env: dict, doctor: dict | None, rows: list[dict], alst: dict | None
                  + ("; not installed: " + ", ".join(k for k in PACKAGES if not v.get(k)) if not all(v.values()) else "")
                  + ".")
     lines.append(f"Command: `python benchmarks/gpu/check.py {' '.join(argv)}` (host {env['host']}).")
+    if budget:
+        lines.append(f"Budget: {budget['seconds']:.0f} s (--budget-s); {budget['used']:.0f} s used"
+                     + (f"; {budget['skipped']} row(s) not started: the time left was shorter than their estimate"
+                        if budget["skipped"] else "") + ".")
     if doctor:
         lines.append(f"Doctor (`python -m launch doctor`): exit {doctor['rc']}"
                      + (f"; problems: {'; '.join(doctor['problems'])}" if doctor["problems"] else "; no problems"))
     if rows:
         lines += throughput_section(rows, a)
-    if alst:
+    if alst and alst.get("skipped"):
+        lines += ["", f"## Longest length on one GPU (ALST setup): {alst['skipped']}"]
+    elif alst:
         p = alst["planner"]
         lines += ["", "## Longest length on one GPU (ALST setup: Llama-3.1-8B architecture, alst-ulysses-8gpu with 1 "
                       "process and sp 1: ZeRO-3 with the optimizer in host memory, tiled MLP, checkpoint offload)", "",
@@ -521,21 +670,33 @@ def markdown(env: dict, doctor: dict | None, rows: list[dict], alst: dict | None
 
 
 # ---- main -----------------------------------------------------------------------------------------------------------
+QUICK_BUDGET_S = 480  # --quick's default --budget-s: 8 minutes (README.md: the estimate it is set from)
+QUICK_STEPS = 6  # --quick's measured steps: as the rows measured before (GPU-MEASURED.md: 2 warm-up + 6)
+
+
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cpu", action="store_true", help="run on CPU (with --tiny: the script's own end-to-end check)")
     p.add_argument("--tiny", action="store_true", help="a tiny model config instead of the Qwen3 ones, ddp and "
                    "zero3, 2 measured steps (no warm-up), 64 tokens")
-    p.add_argument("--only", default="doctor,throughput,alst", help="sections, comma-separated")
-    p.add_argument("--models", default=",".join(MODELS), help="of " + ", ".join(MODELS))
-    p.add_argument("--lengths", default="2048,8192")
-    p.add_argument("--recipes", help=f"comma-separated (default {RECIPES}; with --tiny {TINY_RECIPES})")
-    p.add_argument("--warmup", type=int, default=2, help="warm-up steps per run (not measured)")
-    p.add_argument("--steps", type=int, default=10, help="measured steps per run (median and min-max reported)")
+    p.add_argument("--quick", action="store_true", help=f"doctor and the QUICK rows ({len(QUICK)}), 2 warm-up + "
+                   f"{QUICK_STEPS} measured steps, within --budget-s (default {QUICK_BUDGET_S})")
+    p.add_argument("--only", help="sections, comma-separated (default doctor,throughput,alst; --quick: "
+                   "doctor,throughput)")
+    p.add_argument("--models", help="only the rows of these models, of " + ", ".join(MODELS))
+    p.add_argument("--lengths", help="only the rows of these max_length values (comma-separated)")
+    p.add_argument("--recipes", help=f"only the rows of these recipes (default {','.join(RECIPES)}; with --tiny "
+                   f"{','.join(TINY_RECIPES)})")
+    p.add_argument("--warmup", type=int, help="warm-up steps per run (not measured; default 2)")
+    p.add_argument("--steps", type=int, help=f"measured steps per run (median and min-max reported; default 10, "
+                   f"--quick {QUICK_STEPS})")
     p.add_argument("--batch", type=int, help="per_device_train_batch_size (default: the recipe's)")
     p.add_argument("--force", action="store_true", help="run also what the planner predicts does not fit")
     p.add_argument("--gpu-memory", type=float, help="plan for this GPU memory in GiB (default: the planner's 79.1)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per launcher run")
+    p.add_argument("--budget-s", type=float, help="wall seconds for the whole check: rows whose estimate does not "
+                   "fit the time left are not started (the report lists them); default none, --quick "
+                   f"{QUICK_BUDGET_S}")
     p.add_argument("--alst-timeout", type=float, default=4 * 3600, help="seconds for the whole ALST search")
     p.add_argument("--alst-lengths", help="instead of the search: one step at each of these lengths (comma-"
                    "separated), each within --timeout")
@@ -543,19 +704,57 @@ def parse(argv):
     p.add_argument("--work", type=Path, help="folder of the runs (default: a temporary one, removed)")
     p.add_argument("--verbose", action="store_true", help="stream the runs' output")
     a = p.parse_args(argv)
+    a.only = a.only or ("doctor,throughput" if a.quick else "doctor,throughput,alst")
+    a.warmup = 2 if a.warmup is None else a.warmup
+    a.steps = a.steps if a.steps is not None else QUICK_STEPS if a.quick else 10
+    if a.quick and a.budget_s is None:
+        a.budget_s = QUICK_BUDGET_S
+    if a.budget_s is not None and a.budget_s <= STOP_WAIT_S:
+        p.error(f"--budget-s {a.budget_s:g}: a run needs up to {STOP_WAIT_S} s to stop; give more")
     if a.tiny:
-        a.lengths = "64"
         # 2 steps as before this check had a spread (then 1 warm-up + 1), both measured: a median and a range at
         # no extra cost (a ZeRO-3 step of the tiny model takes about 1 s on the loaded 2-core CI machine)
         a.warmup, a.steps = 0, 2
-        a.models = "tiny"
-    a.recipes = a.recipes or (TINY_RECIPES if a.tiny else RECIPES)
     return a
+
+
+class Report:
+    """The report, rewritten (Markdown and JSON) after the doctor and after every row: what finished, what was
+    skipped, and the rows not run yet, so that a check stopped from outside keeps its rows."""
+
+    def __init__(self, a, argv: list[str], env: dict, budget: Budget):
+        self.a, self.argv, self.env, self.budget = a, argv, env, budget
+        name = (slug(env["gpu"]["name"]) if env["gpu"] else "cpu" + ("-tiny" if a.tiny else "")) + f"-{env['date']}"
+        a.out.mkdir(parents=True, exist_ok=True)
+        self.md, self.json = a.out / f"{name}.md", a.out / f"{name}.json"
+        self.doctor = self.alst = None
+        self.rows: list[dict] = []
+        self.writes = 0
+
+    def budget_facts(self) -> dict | None:
+        if self.budget.seconds is None:
+            return None
+        return {"seconds": self.budget.seconds, "used": round(self.budget.seconds - self.budget.left(), 1),
+                "skipped": sum(1 for r in self.rows if r["result"].startswith("skipped"))}
+
+    def write(self, pending: list[Row] = ()) -> None:
+        rows = self.rows + [skipped(row, PENDING) for row in pending]
+        budget = self.budget_facts()
+        for path, text in ((self.md, markdown(self.env, self.doctor, rows, self.alst, self.a, self.argv, budget)),
+                           (self.json, json.dumps({"environment": self.env, "doctor": self.doctor, "throughput": rows,
+                                                   "alst": self.alst, "budget": budget, "argv": self.argv},
+                                                  indent=2, default=str) + "\n")):
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)  # never a half-written report
+        self.writes += 1
+        print(f"[check] report: {self.md} ({len(self.rows)} of {len(rows)} rows)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
+    budget = Budget(a.budget_s)
     only = set(a.only.split(","))
     work = a.work or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -563,37 +762,45 @@ def main(argv: list[str] | None = None) -> int:
     if not a.cpu and not env["gpu"]:
         print("no GPU found (nvidia-smi): pass --cpu --tiny to check the script on CPU", file=sys.stderr)
         return 2
+    rows = select_rows(a) if "throughput" in only else []
+    if "throughput" in only and not rows:
+        print("no row matches --models, --recipes and --lengths", file=sys.stderr)
+        return 2
     print(f"[check] {env['gpu']['name'] if env['gpu'] else 'CPU'}; runs in {work}", flush=True)
-    doctor = rows = alst = None
+    report = Report(a, argv, env, budget)
     if "doctor" in only:
-        doctor = run_doctor(a.cpu, a.timeout)
-        print(f"[check] doctor: exit {doctor['rc']}", flush=True)
-    if "throughput" in only:
-        rows = []
-        models = {"tiny": tiny_model(work)[0]} if a.tiny else {m: CONFIGS / MODELS[m] for m in a.models.split(",")}
-        for model, folder in models.items():
-            for length in map(int, a.lengths.split(",")):
-                for recipe in a.recipes.split(","):
-                    row = run_throughput(model, folder, recipe, length, a, work)
-                    rows.append(row)
-                    print(f"[check] {model} {recipe} {length}: {row['result']}, "
-                          f"{row.get('tokens_per_s_per_gpu') or 0:,.0f} tokens/s/GPU, MFU {_pct(row.get('mfu'))} "
-                          f"non-causal, {_pct(row.get('mfu_causal'))} causal ({row['seconds']} s)", flush=True)
+        report.doctor = run_doctor(a.cpu, budget.timeout(a))
+        print(f"[check] doctor: exit {report.doctor['rc']}", flush=True)
+        report.write(rows)
+    for i, spec in enumerate(rows):
+        folder = model_dir(spec, work)
+        need, left = budget.estimate(spec, folder, a), budget.left()
+        if need > left - STOP_WAIT_S:
+            row = skipped(spec, f"skipped: about {need:.0f} s needed, {max(left, 0):.0f} s of --budget-s left")
+        else:
+            row = run_throughput(spec, folder, a, work, timeout=budget.timeout(a))
+            budget.learn(spec, folder, row, a)
+        report.rows.append(row)
+        print(f"[check] {spec.model} {' '.join([spec.recipe, *spec.options])} {spec.max_length}: {row['result']}, "
+              f"{row.get('tokens_per_s_per_gpu') or 0:,.0f} tokens/s/GPU, MFU {_pct(row.get('mfu'))} non-causal, "
+              f"{_pct(row.get('mfu_causal'))} causal ({row.get('seconds', 0)} s)", flush=True)
+        report.write(rows[i + 1:])
     if "alst" in only:
-        alst = run_alst(CONFIGS / ALST_MODEL, a, work)
-        print(f"[check] alst: {alst['mode']}; planner {alst['planner'].get('max_length')}, measured "
-              f"{alst.get('longest')}", flush=True)
-    name = (slug(env["gpu"]["name"]) if env["gpu"] else "cpu" + ("-tiny" if a.tiny else "")) + f"-{env['date']}"
-    a.out.mkdir(parents=True, exist_ok=True)
-    report = a.out / f"{name}.md"
-    report.write_text(markdown(env, doctor, rows or [], alst, a, argv))
-    (a.out / f"{name}.json").write_text(json.dumps({"environment": env, "doctor": doctor, "throughput": rows,
-                                                    "alst": alst, "argv": argv}, indent=2, default=str) + "\n")
-    print(f"[check] report: {report}", flush=True)
+        if budget.left() - STOP_WAIT_S < FIRST_ROW_S:
+            report.alst = {"skipped": f"not run: {max(budget.left(), 0):.0f} s of --budget-s left"}
+        else:
+            cap = budget.left() - STOP_WAIT_S  # inf without a budget
+            a.alst_timeout, a.timeout = min(a.alst_timeout, cap), min(a.timeout, cap)
+            report.alst = run_alst(CONFIGS / ALST_MODEL, a, work)
+            print(f"[check] alst: {report.alst['mode']}; planner {report.alst['planner'].get('max_length')}, measured "
+                  f"{report.alst.get('longest')}", flush=True)
+        report.write()
+    if not report.writes:
+        report.write()
     if a.work is None:
         shutil.rmtree(work, ignore_errors=True)
-    failed = [r for r in rows or [] if r["result"] != "trains" and not r["result"].startswith("refused")]
-    return 1 if failed or (doctor and doctor["rc"] not in (0,)) else 0
+    failed = [r for r in report.rows if r["result"] != "trains" and not r["result"].startswith(("refused", "skipped"))]
+    return 1 if failed or (report.doctor and report.doctor["rc"] not in (0,)) else 0
 
 
 if __name__ == "__main__":
