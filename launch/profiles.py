@@ -1,13 +1,10 @@
-"""Profiles: what `--smoke` and `--cpu` change in a recipe's training arguments, and the layout of the GPU smoke
-profile (`smoke_gpu`).
+"""Profiles: what `--smoke` and `--cpu` change in a recipe's training arguments.
 
 The GPU path and the CPU path run the same train.py with the same configs; these overrides are the only
 differences: device, precision, attention kernel and model size (plus the few steps of a smoke run).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 from launch import smoke
 from launch.adapter import Adapter
@@ -108,54 +105,3 @@ def as_argv(values: dict) -> list[str]:
         if value is not None:
             argv += [f"--{key}", ("true" if value else "false") if isinstance(value, bool) else str(value)]
     return argv
-
-
-# ---- the GPU smoke profile's layout (`smoke-gpu`) -------------------------------------------------------------------
-# One process on one GPU wherever the recipe's layout means something there: DDP, ZeRO-1/2/3 (and offload), FSDP2 and
-# FSDP1 as a shard group of one, LoRA and QLoRA. The GPU runners that exist have one GPU, and NCCL refuses two ranks on
-# one GPU, so a smoke profile of several processes could not run on them. A recipe whose Accelerate config fixes a mesh
-# of several processes (ring-attention CP, Ulysses SP: a sequence split over GPUs; FSDP2 over machines) keeps the
-# layout its CPU smoke profile was recorded with, and needs that many GPUs.
-SMOKE_GPU_PROCESSES = 1
-
-
-@dataclass(frozen=True)
-class SmokeGpu:
-    """The layout of a recipe's GPU smoke run: what `python -m launch RECIPE --smoke` and `record` are given."""
-
-    num_processes: int
-    mesh: dict = field(default_factory=dict)
-    training_args: tuple = ()
-    needs_more: str | None = None  # why the recipe needs more than one GPU; None: one GPU
-
-    def options(self) -> list[str]:
-        """The launcher options (before `--`)."""
-        out = ["--num-processes", str(self.num_processes)]
-        for key, size in self.mesh.items():
-            out += [f"--{key.replace('_', '-')}-size", str(size)]
-        return out
-
-    def argv(self) -> list[str]:
-        return self.options() + (["--", *self.training_args] if self.training_args else [])
-
-
-def smoke_gpu(recipe) -> SmokeGpu:
-    """The GPU smoke layout of `recipe` (a launch.recipes.Recipe): one process, unless its Accelerate config fixes a
-    mesh of several (then its recorded smoke-cpu layout: processes, mesh sizes and training arguments)."""
-    from launch.layout import mesh_from  # Accelerate's ParallelismConfig reads the config's mesh
-    from launch.results.expected import profile_entry
-
-    accelerate = recipe.accelerate
-    if not accelerate.get("parallelism_config"):
-        return SmokeGpu(SMOKE_GPU_PROCESSES)
-    sizes = {k: v for k, v in mesh_from(accelerate, int(accelerate.get("num_processes", 1) or 1)).items() if v > 1}
-    total = 1
-    for size in sizes.values():
-        total *= size
-    if total == 1:
-        return SmokeGpu(SMOKE_GPU_PROCESSES)
-    cpu = profile_entry(recipe, profile_name(True, True)).get("invocation") or {}
-    processes = int(cpu.get("num_processes") or total)
-    why = (f"its Accelerate config fixes a mesh of {total} processes ({', '.join(f'{k}={v}' for k, v in sizes.items())}): "
-           f"its GPU smoke profile is its CPU smoke layout, {processes} processes on {processes} GPUs")
-    return SmokeGpu(processes, dict(cpu.get("mesh") or {}), tuple(cpu.get("training_args") or ()), why)

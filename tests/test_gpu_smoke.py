@@ -1,7 +1,7 @@
 """GPU smoke tests (`pytest -m gpu`, `docker compose run test`): each recipe's GPU smoke profile on the real GPU
 path (NCCL, bf16, the recipe's attention kernel), judged against its recorded `smoke-gpu` expected metrics.
 
-The GPU smoke profile (`launch.profiles.smoke_gpu`) is one process on one GPU for every recipe whose layout means
+The GPU smoke profile (`launch.results.expected.smoke_gpu`) is one process on one GPU for every recipe whose layout means
 something there (ddp, zero1/2/3, zero3-offload, fsdp2 and qlora-fsdp as a shard group of one, lora): `pytest -m gpu`
 on one GPU runs those eight, each a small run (a 2-layer model, 12 steps). The recipes whose Accelerate config fixes
 a mesh of several processes (ring-attention CP, Ulysses SP, fsdp2-70b) run their CPU smoke layout and need 2 or 4
@@ -28,7 +28,7 @@ from launch.machine import gpu_info
 from launch.options import Options
 from launch.recipes import find_recipe, recipe_names
 from launch.resolve import resolve
-from launch.results.expected import profile_entry
+from launch.results.expected import profile_entry, smoke_gpu
 from launch.results.judge import NO_REFERENCE, record_command
 
 GPUS = gpu_info()[0]
@@ -42,7 +42,7 @@ def gpu_smoke_plan(name: str, gpus: int) -> tuple[list[str], str | None]:
     None). Once smoke-gpu metrics are recorded, the run inherits their layout (no arguments: passing the recorded
     training arguments again would make it another run); before, it gets the GPU smoke profile's layout."""
     recipe = find_recipe(name)
-    layout = profiles.smoke_gpu(recipe)
+    layout = smoke_gpu(recipe)
     recorded = profile_entry(recipe, GPU_PROFILE).get("invocation")
     needed = int(recorded["num_processes"]) if recorded else layout.num_processes
     args = [] if recorded else layout.argv()
@@ -79,7 +79,7 @@ def test_gpu_smoke_profile_meets_expected_metrics(name):
 def test_one_gpu_smoke_layouts_and_skip_reasons():
     """One process for the eight recipes whose layout means something on one GPU; the CP/SP/multi-node recipes run
     their CPU smoke layout and say how many GPUs they need (fake GPU counts: this machine has none)."""
-    layouts = {name: profiles.smoke_gpu(find_recipe(name)) for name in recipe_names()}
+    layouts = {name: smoke_gpu(find_recipe(name)) for name in recipe_names()}
     assert {name for name, layout in layouts.items() if layout.num_processes == 1} == ONE_GPU
     for name in ONE_GPU:
         assert layouts[name].argv() == ["--num-processes", "1"] and layouts[name].needs_more is None

@@ -8,16 +8,19 @@ validated here), and a GPU profile's entry (`full-gpu`) may hold only that. Judg
   difference *and* a mean (signed) drift (`TOLERANCE` below holds TRL's numbers);
 - axolotl's e2e checks: two-sided bounds, i.e. the loss must fall, and the first and last loss must lie in a
   range (rtol 0.05 around the recorded values).
-The file is written only by `python -m launch record ...` (`launch.results.judge.record`).
+The file is written only by `python -m launch record ...` (`launch.results.judge.record`). `smoke_gpu` is the layout
+the `smoke-gpu` profile is recorded and run with.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launch.errors import LaunchError
+from launch.layout import mesh_from  # the mesh sizes, as Accelerate's ParallelismConfig reads them
 from launch.sentinel import band_problems
 from launch.results.stepdiff import METRICS
 
@@ -115,3 +118,49 @@ def bounds_for(losses: list[float]) -> dict:
         "last_loss": [round(last * (1 - BOUNDS_RTOL), 6), round(last * (1 + BOUNDS_RTOL), 6)],
         "min_relative_drop": round(drop * DROP_FRACTION, 6),
     }
+
+
+# ---- the GPU smoke profile's layout (`smoke-gpu`) -------------------------------------------------------------------
+# One process on one GPU wherever the recipe's layout means something there: DDP, ZeRO-1/2/3 (and offload), FSDP2 and
+# FSDP1 as a shard group of one, LoRA and QLoRA. The GPU runners that exist have one GPU, and NCCL refuses two ranks on
+# one GPU, so a smoke profile of several processes could not run on them. A recipe whose Accelerate config fixes a mesh
+# of several processes (ring-attention CP, Ulysses SP: a sequence split over GPUs; FSDP2 over machines) keeps the
+# layout its CPU smoke profile was recorded with, and needs that many GPUs.
+SMOKE_GPU_PROCESSES = 1
+
+
+@dataclass(frozen=True)
+class SmokeGpu:
+    """The layout of a recipe's GPU smoke run: what `python -m launch RECIPE --smoke` and `record` are given."""
+
+    num_processes: int
+    mesh: dict = field(default_factory=dict)
+    training_args: tuple = ()
+    needs_more: str | None = None  # why the recipe needs more than one GPU; None: one GPU
+
+    def options(self) -> list[str]:
+        """The launcher options (before `--`)."""
+        out = ["--num-processes", str(self.num_processes)]
+        for key, size in self.mesh.items():
+            out += [f"--{key.replace('_', '-')}-size", str(size)]
+        return out
+
+    def argv(self) -> list[str]:
+        return self.options() + (["--", *self.training_args] if self.training_args else [])
+
+
+def smoke_gpu(recipe) -> SmokeGpu:
+    """The GPU smoke layout of `recipe` (a launch.recipes.Recipe): one process, unless its Accelerate config fixes a
+    mesh of several (then its recorded smoke-cpu layout: processes, mesh sizes and training arguments)."""
+    accelerate = recipe.accelerate
+    if not accelerate.get("parallelism_config"):
+        return SmokeGpu(SMOKE_GPU_PROCESSES)
+    sizes = {k: v for k, v in mesh_from(accelerate, int(accelerate.get("num_processes", 1) or 1)).items() if v > 1}
+    total = math.prod(sizes.values())
+    if total == 1:
+        return SmokeGpu(SMOKE_GPU_PROCESSES)
+    cpu = profile_entry(recipe, "smoke-cpu").get("invocation") or {}
+    processes = int(cpu.get("num_processes") or total)
+    why = (f"its Accelerate config fixes a mesh of {total} processes ({', '.join(f'{k}={v}' for k, v in sizes.items())}): "
+           f"its GPU smoke profile is its CPU smoke layout, {processes} processes on {processes} GPUs")
+    return SmokeGpu(processes, dict(cpu.get("mesh") or {}), tuple(cpu.get("training_args") or ()), why)

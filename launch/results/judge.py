@@ -13,7 +13,7 @@ import platform
 from pathlib import Path
 
 from launch.errors import LaunchError
-from launch.results.expected import TOLERANCE, bounds_for, profile_entry, read_expected
+from launch.results.expected import TOLERANCE, bounds_for, profile_entry, read_expected, smoke_gpu
 from launch.machine import cpu_model, gpu_driver, gpu_info, installed_versions
 from launch.results.stepdiff import METRICS, by_step, step_difference
 
@@ -73,11 +73,9 @@ def format_verdict(verdict: dict) -> str:
 
 def record_command(setup) -> str:
     """The command that records this profile's expected metrics; on GPU with the GPU smoke profile's layout
-    (launch.profiles.smoke_gpu: one process wherever the recipe means something on one GPU)."""
+    (launch.results.expected.smoke_gpu: one process wherever the recipe means something on one GPU)."""
     if setup.options.cpu:
         return f"python -m launch record {setup.recipe.name} --smoke --cpu"
-    from launch.profiles import smoke_gpu
-
     return f"python -m launch record {setup.recipe.name} --smoke " + " ".join(smoke_gpu(setup.recipe).argv())
 
 
