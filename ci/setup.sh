@@ -19,7 +19,8 @@
 #   bash ci/setup.sh --from DIR [--check] on the GPU machine, offline: the virtualenv from DIR (--no-index) on top
 #                                        of the machine's own torch (PYTHON: the interpreter that imports it)
 #
-#   VENV=.venv       where the virtualenv lives (default .venv; --gpu and --from: .venv-gpu)
+#   VENV=.venv       where the virtualenv lives, relative to the repository (default .venv; --gpu and --from:
+#                    .venv-gpu); DIR is relative to the current folder
 #   PYTHON=python3   the interpreter that creates it: the lock's target version (CPU: 3.11; --gpu: 3.13; --from:
 #                    the bundle's, the Python of the machine's torch)
 #   --check          change nothing: exit 0 when the virtualenv matches the lock, 1 when not
@@ -34,6 +35,7 @@
 # wherever it comes from) must have one of the sha256 hashes its lock entry lists, or nothing is installed. This
 # repository itself is installed editable afterwards, on its own (a local tree has no hash to check).
 set -euo pipefail
+caller=$PWD
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
@@ -64,6 +66,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 if [ "$mode" = bundle ] && $check_only; then echo "$usage" >&2; exit 2; fi
+case "$dir" in ""|/*) ;; *) dir="$caller/$dir" ;; esac   # DIR: relative to where the command was given
 LOCK=requirements/cpu.lock
 case "$mode" in
     cpu) VENV=${VENV:-.venv} ;;
