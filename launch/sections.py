@@ -51,6 +51,12 @@ SECTIONS = (
     Section("fsdp1-adapter-save", "`use_peft: true` in config.yaml with an FSDP1 Accelerate config (fsdp_version 1)",
             lambda config, accelerate: is_on(config.get("use_peft")) and accelerate.get("distributed_type") == "FSDP"
             and _number((accelerate.get("fsdp_config") or {}).get("fsdp_version") or 1) == 1),
+    # Every FSDP config, not only those that say SHARDED_STATE_DICT: the type can also be switched where the recipe
+    # cannot see it (`accelerate launch --fsdp_state_dict_type`, FSDP_STATE_DICT_TYPE), and a one-word edit of the
+    # config must not need a sync-scripts to keep the final weights; the section decides at run time.
+    Section("sharded-final-save", "an FSDP Accelerate config (distributed_type: FSDP), whose final save is sharded "
+            "with fsdp_state_dict_type: SHARDED_STATE_DICT",
+            lambda config, accelerate: accelerate.get("distributed_type") == "FSDP"),
 )
 SECTION_NAMES = tuple(s.name for s in SECTIONS)
 

@@ -18,6 +18,7 @@ import yaml
 
 from helpers.launcher import assert_parity, explain, launch_in_process
 from launch import smoke
+from launch.copies import sync_script
 from launch.outdir import ADAPTER_CONFIG, ADAPTER_WEIGHTS, RunFolder
 from launch.recipes import RECIPES_DIR
 
@@ -76,10 +77,13 @@ def test_one_process_with_accumulation_equals_two_processes(smoke_runs):
 # transformers (the recipe's `activation_checkpointing: true`), not FSDP's own wrapper: with
 # `fsdp_activation_checkpointing: true` the layers' module names gain `._checkpoint_wrapped_module.`, which PEFT
 # 0.21.2's adapter state dict (it strips only `_fsdp_wrapped_module.`) does not match against the clean names of
-# Accelerate's full state dict, and final/ is saved with no tensor at all (measured).
+# Accelerate's full state dict, and final/ is saved with no tensor at all (measured). FSDP2 saves with
+# SHARDED_STATE_DICT, whose final save transformers leaves to train.py (section sharded-final-save: only the trainable
+# tensors gathered, launch/rank/consolidate.py); FULL_STATE_DICT's adapter is qlora-fsdp's (tests/test_qlora.py).
 SHARDED = {
     "zero3": ("accelerate_configs/zero3.yaml", {}),
-    "fsdp2": ("accelerate_configs/fsdp2.yaml", {"fsdp_config": {"fsdp_activation_checkpointing": False}}),
+    "fsdp2": ("accelerate_configs/fsdp2.yaml", {"fsdp_config": {"fsdp_activation_checkpointing": False,
+                                                                "fsdp_state_dict_type": "SHARDED_STATE_DICT"}}),
 }
 
 
@@ -99,6 +103,7 @@ def test_sharded_layouts_train_and_save_the_same_adapter(strategy, smoke_runs, r
     (copy / "accelerate.yaml").write_text(yaml.safe_dump(accelerate))
     config = yaml.safe_load((copy / "config.yaml").read_text())
     (copy / "config.yaml").write_text(yaml.safe_dump({**config, "accelerate_config": "accelerate.yaml"}))
+    sync_script(copy / "train.py", out=lambda line: None)  # the sections its new Accelerate config turns on
     out = tmp_path / "out"
     proc = launch_in_process(copy, "--smoke", "--cpu", "--output-dir", out)
     assert proc.returncode == 0, explain(proc)

@@ -10,6 +10,7 @@ import yaml
 from helpers.launcher import TESTED_RULES, explain, launch_cli, launch_in_process, shows
 from helpers.rule_checks import PINNED, facts, make_recipe, messages
 from launch import hub, rules
+from launch.copies import sync_script
 from launch.errors import LaunchError
 from launch.memory_plan import Target, plan_memory
 from launch.readme_blocks import MODEL_CONFIGS
@@ -118,12 +119,14 @@ def test_bf16_on_cpu_is_refused():
 def test_fsdp_activation_checkpointing_and_gradient_checkpointing(tmp_path):
     folder = make_recipe(tmp_path, base="ddp", accelerate={
         "distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2, "fsdp_activation_checkpointing": True}})
+    sync_script(folder / "train.py", out=lambda line: None)  # an FSDP recipe's script holds sharded-final-save
     [msg] = messages(resolve(Options(recipe=str(folder))))
     assert "cannot both be on" in msg and "`-- --activation_checkpointing false`" in msg
     # the advice works, and so does the deprecated name when the config does not set the current one
     assert messages(resolve(Options(recipe=str(folder), extra=["--activation_checkpointing", "false"]))) == []
     unset = make_recipe(tmp_path / "unset", base="ddp", config={"activation_checkpointing": None}, accelerate={
         "distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2, "fsdp_activation_checkpointing": True}})
+    sync_script(unset / "train.py", out=lambda line: None)
     assert any("cannot both be on" in m for m in messages(resolve(Options(recipe=str(unset)))))  # TRL's default: on
     assert messages(resolve(Options(recipe=str(unset), extra=["--gradient_checkpointing", "false"]))) == []
     # through the deprecated name in config.yaml, the conflict is refused as well

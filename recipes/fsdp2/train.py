@@ -1,4 +1,4 @@
-# Copied from templates/train.py [sections: none] (python -m launch sync-scripts keeps it equal; delete this line to fork it)
+# Copied from templates/train.py [sections: sharded-final-save] (python -m launch sync-scripts keeps it equal; delete this line to fork it)
 """Supervised fine-tuning with TRL's SFTTrainer, launched by `accelerate launch`.
 
 Run it the way the recipe README shows, for example:
@@ -11,9 +11,10 @@ config; everything about training comes from the TRL `--config` YAML and the com
 from TRL's `trl/scripts/sft.py` and parses the same arguments, plus the recipe's own (RecipeArguments).
 
 templates/train.py is the canonical script. Each recipe's train.py is a copy of it that holds only the optional
-sections its configs turn on (ALST's tiled MLP, joined documents, exact resume under Ulysses SP), written by
-`python -m launch sync-scripts`: launch/copies.py says which config turns on which section. In the template each
-section sits between `# begin section NAME` and `# end section NAME` lines; the copies leave those lines out.
+sections its configs turn on (ALST's tiled MLP, joined documents, exact resume under Ulysses SP, FSDP's sharded
+final save, ...), written by `python -m launch sync-scripts`: launch/sections.py says which config turns on which
+section. In the template each section sits between `# begin section NAME` and `# end section NAME` lines; the
+copies leave those lines out.
 """
 
 import os
@@ -101,21 +102,55 @@ def main(script_args, training_args, model_args, dataset_args, recipe_args):
 
         add_callbacks(trainer)
 
+    # FSDP with SHARDED_STATE_DICT: the final save is launch/rank/consolidate.py's (transformers' writes no weights)
+    save_sharded = sharded_final_save(trainer)
+
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     # trainer_state.json (the per-step log_history) next to the weights, not only inside checkpoints.
     trainer.save_state()
     if not recipe_args.synthetic:  # a synthetic run's random weights are not worth saving
-        # The tokenizer and, gathered from ZeRO-3 / FSDP shards: the full weights, loadable by plain transformers; or,
-        # for a LoRA / QLoRA run (`use_peft`), only the adapter in PEFT's files (adapter_config.json, which names the
-        # base, and adapter_model.safetensors): load it with PEFT on its base, or merge it into the base's weights
-        # with `python -m launch merge OUTPUT_DIR`.
+        # The tokenizer and, gathered from ZeRO-3 / FSDP shards (or consolidated from them): the full weights, loadable
+        # by plain transformers; or, for a LoRA / QLoRA run (`use_peft`), only the adapter in PEFT's files
+        # (adapter_config.json, which names the base, and adapter_model.safetensors): load it with PEFT on its base, or
+        # merge it into the base's weights with `python -m launch merge OUTPUT_DIR`.
         final_dir = os.path.join(training_args.output_dir, "final")
-        trainer.save_model(final_dir)
+        if save_sharded:
+            save_sharded(trainer, final_dir, adapter_only=model_args.use_peft)
+        trainer.save_model(final_dir)  # under FSDP it writes weights only with FULL_STATE_DICT
+        if trainer.accelerator.is_main_process and not weights_in(final_dir):  # never "saved" without a tensor
+            raise RuntimeError(f"No weights were written to {final_dir}: under FSDP transformers writes them only with "
+                               "FULL_STATE_DICT (else: the section sharded-final-save), under ZeRO-3 only with "
+                               "zero3_save_16bit_model: true, and an adapter only when PEFT matches its tensors.")
         saved = "Adapter" if model_args.use_peft else "Model"
         trainer.accelerator.print(f"{saved} saved to {final_dir}.")
     # Every rank has finished saving before the process group goes away.
     trainer.accelerator.wait_for_everyone()
     trainer.end()
+
+
+def weights_in(folder: str) -> list[str]:
+    """The safetensors files in `folder` that hold a tensor (transformers 5 and PEFT save safetensors only)."""
+    from safetensors import safe_open
+
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors")) if os.path.isdir(folder) else []
+    return [n for n in names if safe_open(os.path.join(folder, n), framework="pt").keys()]
+
+
+# ---- FSDP's sharded final save (used by main when the FSDP plugin saves SHARDED_STATE_DICT) --------------------------
+def sharded_final_save(trainer):
+    """launch/rank/consolidate.py's `save_final` when the run's FSDP plugin saves SHARDED_STATE_DICT, else None.
+
+    transformers 5.23's save_model writes weights under FSDP only with FULL_STATE_DICT, which gathers the whole model
+    on the first process; with SHARDED_STATE_DICT it writes none. save_final has every rank write its shard, then the
+    ranks consolidate the shards into safetensors files (a few GB per process at a time) that from_pretrained loads;
+    a LoRA run's adapter is gathered alone. Imported here, before training: a run without this repository installed
+    (`pip install -e .`) stops now rather than after training."""
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    if plugin is None or "SHARDED_STATE_DICT" not in str(plugin.state_dict_type):  # transformers' own test
+        return None
+    from launch.rank.consolidate import save_final
+
+    return save_final
 
 
 def make_parser():
