@@ -616,6 +616,49 @@ def fsdp2_without_fsdp1_settings(setup, facts: Facts):
             "Accelerate config's fsdp_config (or use fsdp_version: 1).")
 
 
+# ---- FSDP's state-dict type: the final weights must be written (templates/train.py, launch/rank/consolidate.py) ------
+# torch's StateDictType by value (1, 2, 3), as Accelerate's FSDP_STATE_DICT_TYPE lists them; spelled here so that
+# checking a config needs neither import
+STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
+
+
+def fsdp_state_dict_type(accelerate: dict) -> str | None:
+    """The state-dict type an Accelerate config gives the ranks' FSDP plugin (None: not FSDP), as Accelerate 1.15's
+    `FullyShardedDataParallelPlugin.set_state_dict_type` reads it: `fsdp_state_dict_type` by name (any case) or by
+    StateDictType value; absent, FULL_STATE_DICT under FSDP1 and SHARDED_STATE_DICT under FSDP2. An unknown value is
+    returned as written, in upper case."""
+    if accelerate.get("distributed_type") != "FSDP":
+        return None
+    fsdp = accelerate.get("fsdp_config") or {}
+    value = str(fsdp.get("fsdp_state_dict_type") or "").strip().upper()
+    if not value:
+        return STATE_DICT_TYPES[0] if str(fsdp.get("fsdp_version") or 1) == "1" else STATE_DICT_TYPES[2]
+    if value.isdigit() and 1 <= int(value) <= len(STATE_DICT_TYPES):
+        return STATE_DICT_TYPES[int(value) - 1]
+    return value
+
+
+@rule(doc=(
+    "under FSDP, `fsdp_state_dict_type` FULL_STATE_DICT or SHARDED_STATE_DICT",
+    "LOCAL_STATE_DICT: no final weights are written (FSDP2 refuses it in every rank); an unknown name fails in every "
+    "rank"))
+def fsdp_state_dict_type_saves_weights(setup, facts: Facts):
+    kind = fsdp_state_dict_type(setup.accelerate)
+    if kind in (None, "FULL_STATE_DICT", "SHARDED_STATE_DICT"):
+        return None
+    path = setup.recipe.accelerate_config_path
+    if kind == "LOCAL_STATE_DICT":
+        why = ("each rank would save only its own flat shard of FSDP1's parameters, which neither transformers' "
+               "save_model nor train.py turns into weights: the run would end with no weights in final/ (and FSDP2 "
+               "refuses LOCAL_STATE_DICT in every rank, after the model has loaded)")
+    else:
+        why = (f"it is not one of torch's StateDictType names ({', '.join(STATE_DICT_TYPES)}): Accelerate fails on it "
+               "in every rank")
+    return (f"fsdp_state_dict_type {kind} in {path}: {why}. Use SHARDED_STATE_DICT (every rank writes its shard; at "
+            "the end train.py consolidates the shards into safetensors files, a few GB per process at a time) or "
+            "FULL_STATE_DICT (the whole model gathered in the first process's host memory at every save).")
+
+
 # ---- Adapters (LoRA / QLoRA: launch.adapter) --------------------------------------------------------------------
 def _adapter(setup):
     return Adapter.from_training(setup.training)

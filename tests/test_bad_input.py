@@ -99,6 +99,10 @@ FIXTURES = {
     "fsdp2_hybrid_shard": lambda tmp: {"recipe": copy_recipe(tmp, base="fsdp2", accelerate={"fsdp_config": {
         **yaml.safe_load(find_recipe("fsdp2").accelerate_config_path.read_text())["fsdp_config"],
         "fsdp_sharding_strategy": "HYBRID_SHARD"}})},
+    "fsdp1_local_state_dict": lambda tmp: {"recipe": copy_recipe(tmp, base="fsdp2", accelerate={"fsdp_config": {
+        **{k: v for k, v in yaml.safe_load(find_recipe("fsdp2").accelerate_config_path.read_text())["fsdp_config"]
+           .items() if k != "fsdp_reshard_after_forward"},
+        "fsdp_version": 1, "fsdp_state_dict_type": "LOCAL_STATE_DICT"}})},
     # issue 27
     "corrupted_manifest": lambda tmp: _corrupted_manifest(tmp),
     "model_no_config": lambda tmp: _model_dir(tmp, None),
@@ -425,6 +429,8 @@ REFUSED += [
      "fsdp_sharding_strategy: HYBRID_SHARD (HSDP in FSDP2 is parallelism_config"),
     ("adapter-under-fsdp-activation-checkpointing", "fsdp2 --smoke --cpu --dry-run -- --use_peft true", "none", 2,
      "A LoRA / QLoRA run under FSDP cannot use fsdp_activation_checkpointing: true"),
+    ("fsdp1-local-state-dict", "{recipe} --smoke --cpu --dry-run", "fsdp1_local_state_dict", 2,
+     "fsdp_state_dict_type LOCAL_STATE_DICT in"),
     ("lora-rank-zero", "ddp --smoke --cpu --dry-run -- --use_peft true --lora_r 0", "none", 2, "lora_r is 0"),
     ("lora-targets-match-nothing",
      "ddp --smoke --cpu --dry-run -- --use_peft true --lora_target_modules query_key_value dense", "none", 2,

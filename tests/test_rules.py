@@ -580,6 +580,32 @@ def test_the_preflight_passes_a_lora_run_that_fits_and_stops_the_full_fine_tune_
     assert msg.startswith("The planner predicts") and "the GPUs here have 24.0 GiB" in msg
 
 
+@shows(rules.fsdp_state_dict_type_saves_weights)
+def test_an_fsdp_state_dict_type_that_writes_no_weights_is_refused(tmp_path):
+    """LOCAL_STATE_DICT (FSDP1's per-rank flat shards: no final weights) and a name Accelerate does not know are
+    refused; FULL, SHARDED (by name, any case, or torch's StateDictType value 3) and FSDP2's default pass."""
+    fsdp = yaml.safe_load(find_recipe("fsdp2").accelerate_config_path.read_text())["fsdp_config"]
+
+    def check(name, **changes):
+        acc = {"fsdp_config": {k: v for k, v in {**fsdp, **changes}.items() if v is not None}}
+        return rules.fsdp_state_dict_type_saves_weights(
+            resolve(Options(recipe=str(make_recipe(tmp_path, base="fsdp2", accelerate=acc, name=name)))), facts())
+
+    msg = check("local", fsdp_version=1, fsdp_reshard_after_forward=None, fsdp_state_dict_type="LOCAL_STATE_DICT")
+    assert msg.startswith("fsdp_state_dict_type LOCAL_STATE_DICT in ") and "no weights in final/" in msg
+    assert "Use SHARDED_STATE_DICT" in msg
+    msg = check("typo", fsdp_state_dict_type="SHARDED")
+    assert "fsdp_state_dict_type SHARDED in " in msg and "not one of torch's StateDictType names" in msg
+    for name, value in (("sharded", "sharded_state_dict"), ("number", 3), ("absent", None)):
+        assert check(name, fsdp_state_dict_type=value) is None, name
+    assert rules.fsdp_state_dict_type(yaml.safe_load(find_recipe("fsdp2").accelerate_config_path.read_text())) \
+        == "FULL_STATE_DICT"
+    assert rules.fsdp_state_dict_type({"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2}}) \
+        == "SHARDED_STATE_DICT"  # Accelerate's FSDP2 default
+    assert rules.fsdp_state_dict_type({"distributed_type": "FSDP", "fsdp_config": {}}) == "FULL_STATE_DICT"
+    assert rules.fsdp_state_dict_type_saves_weights(resolve(Options(recipe="zero3")), facts()) is None
+
+
 @shows(rules.adapter_with_fsdp_activation_checkpointing)
 def test_an_adapter_under_fsdp_activation_checkpointing_is_refused(tmp_path):
     """fsdp2's Accelerate config checkpoints the FSDP way: with an adapter the saved adapter would be empty."""
