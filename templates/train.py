@@ -182,8 +182,9 @@ def main(script_args, training_args, model_args, dataset_args, recipe_args):
         trainer.save_model(final_dir)  # under FSDP it writes weights only with FULL_STATE_DICT
         if trainer.accelerator.is_main_process and not weights_in(final_dir):  # never "saved" without a tensor
             raise RuntimeError(f"No weights were written to {final_dir}: under FSDP transformers writes them only with "
-                               "FULL_STATE_DICT (else: the section sharded-final-save), under ZeRO-3 only with "
-                               "zero3_save_16bit_model: true, and an adapter only when PEFT matches its tensors.")
+                               "FULL_STATE_DICT (SHARDED_STATE_DICT needs templates/train.py's section "
+                               "sharded-final-save), under ZeRO-3 only with zero3_save_16bit_model: true; an adapter "
+                               "file holds no tensor when PEFT matched none of the adapter's names.")
         saved = "Adapter" if model_args.use_peft else "Model"
         trainer.accelerator.print(f"{saved} saved to {final_dir}.")
     # Every rank has finished saving before the process group goes away.

@@ -20,7 +20,8 @@ with SHARDED_STATE_DICT it writes nothing at all, not even config.json. train.py
    SHARD_BYTES (a tensor larger than that alone in its file), and no larger than 1/world of the model, so that the
    work spreads over the ranks; rank r writes files r, r + world, ...: each file's tensors read from the DCP shards
    that hold their pieces (DCP's own reader, `no_dist`: only those byte ranges are read), then written with
-   safetensors. A process holds one output file at a time (plus the piece being read), never the model.
+   safetensors. A process holds one output file at a time (plus the piece being read; a MoE file up to twice while
+   its fused experts are split back), never the model.
 4. Rank 0 writes model.safetensors.index.json (for more than one file), checks every file's safetensors header
    against the plan, and only then removes the DCP folder. A failure before that leaves the DCP folder whole.
 
