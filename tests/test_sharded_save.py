@@ -7,7 +7,9 @@ sharded-final-save), and train.py never says "saved" without a tensor written.
   checkpoint is gone once consolidated.
 - In process, no training: the consolidation of a distributed checkpoint written here writes what save_pretrained
   writes (tied weights once, a MoE model's experts one per expert again, across several files with an index), a
-  missing shard is named, the plan gives every rank a file, and the template's `weights_in` counts tensors.
+  missing shard is named, the plan bounds every file, the one-process command (`python -m launch.rank.consolidate`)
+  turns a sharded checkpoint into weights, fsdp2-70b's README states the plan's figures for Qwen2.5-72B, and train.py
+  stops instead of saying "saved" over no tensor.
 
 The LoRA adapter under FSDP2 with SHARDED_STATE_DICT is tests/test_lora.py's (equal to DDP's adapter); HSDP and
 FSDP1 (full model, and qlora-fsdp's adapter) under SHARDED_STATE_DICT were checked by hand (equal to FULL_STATE_DICT's
@@ -16,7 +18,7 @@ final weights: the report of issue 36), not in CI.
 
 from __future__ import annotations
 
-import importlib.util
+import ast
 import json
 import os
 import shutil
@@ -152,20 +154,38 @@ def test_the_one_process_command_consolidates_a_checkpoint_for_the_model_named(t
     assert all(torch.equal(t, again[k]) for k, t in loaded.state_dict().items())
 
 
-def test_weights_in_counts_only_files_that_hold_a_tensor(tmp_path):
-    """train.py raises instead of printing "saved" when final/ holds no tensor (e.g. an adapter file PEFT wrote with
-    none, or no file at all)."""
+def _no_weights_check():
+    """train.py's check after the final save (the `if` in main that imports safe_open), as a function of (trainer,
+    final_dir): the template's own lines, compiled alone."""
+    tree = ast.parse(TEMPLATE.read_text())
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    [check] = [n for n in ast.walk(main) if isinstance(n, ast.If) and "safe_open" in ast.unparse(n.body[0])]
+    code = compile(ast.Module(body=[check], type_ignores=[]), str(TEMPLATE), "exec")
+
+    def run(trainer, final_dir):
+        exec(code, {"os": os, "trainer": trainer, "final_dir": str(final_dir)})
+
+    return run
+
+
+def test_train_py_stops_rather_than_say_saved_when_no_tensor_was_written(tmp_path):
+    """No final folder, or one whose only safetensors file holds no tensor (PEFT's empty adapter): an error on the
+    main process, before the "saved" line; a file with a tensor passes. The other ranks do not look."""
+    from types import SimpleNamespace
+
     from safetensors.torch import save_file
 
-    spec = importlib.util.spec_from_file_location("template_train", TEMPLATE)
-    template = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(template)
-    assert template.weights_in(str(tmp_path / "missing")) == []
+    check = _no_weights_check()
+    main, other = (SimpleNamespace(accelerator=SimpleNamespace(is_main_process=m)) for m in (True, False))
+    with pytest.raises(RuntimeError, match="No weights in .*missing: transformers writes them under FSDP only with"):
+        check(main, tmp_path / "missing")
     save_file({}, str(tmp_path / "adapter_model.safetensors"))
     (tmp_path / "config.json").write_text("{}")
-    assert template.weights_in(str(tmp_path)) == []
+    with pytest.raises(RuntimeError, match="No weights in"):
+        check(main, tmp_path)
+    check(other, tmp_path / "missing")
     save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
-    assert template.weights_in(str(tmp_path)) == ["model.safetensors"]
+    check(main, tmp_path)
 
 
 def test_the_fsdp2_70b_readme_states_what_the_consolidation_plans():

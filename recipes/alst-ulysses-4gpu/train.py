@@ -11,10 +11,9 @@ config; everything about training comes from the TRL `--config` YAML and the com
 from TRL's `trl/scripts/sft.py` and parses the same arguments, plus the recipe's own (RecipeArguments).
 
 templates/train.py is the canonical script. Each recipe's train.py is a copy of it that holds only the optional
-sections its configs turn on (ALST's tiled MLP, joined documents, exact resume under Ulysses SP, FSDP's sharded
-final save, ...), written by `python -m launch sync-scripts`: launch/sections.py says which config turns on which
-section. In the template each section sits between `# begin section NAME` and `# end section NAME` lines; the
-copies leave those lines out.
+sections its configs turn on (ALST's tiled MLP, joined documents, exact resume under Ulysses SP, ...), written by
+`python -m launch sync-scripts`: launch/sections.py says which config turns on which section. In the template each
+section sits between `# begin section NAME` and `# end section NAME` lines; the copies leave those lines out.
 """
 
 import os
@@ -116,24 +115,17 @@ def main(script_args, training_args, model_args, dataset_args, recipe_args):
         # merge it into the base's weights with `python -m launch merge OUTPUT_DIR`.
         final_dir = os.path.join(training_args.output_dir, "final")
         trainer.save_model(final_dir)  # under FSDP it writes weights only with FULL_STATE_DICT
-        if trainer.accelerator.is_main_process and not weights_in(final_dir):  # never "saved" without a tensor
-            raise RuntimeError(f"No weights were written to {final_dir}: under FSDP transformers writes them only with "
-                               "FULL_STATE_DICT (SHARDED_STATE_DICT needs templates/train.py's section "
-                               "sharded-final-save), under ZeRO-3 only with zero3_save_16bit_model: true; an adapter "
-                               "file holds no tensor when PEFT matched none of the adapter's names.")
+        if trainer.accelerator.is_main_process:  # never "saved" without a tensor written (safetensors: all we write)
+            from safetensors import safe_open
+            names = [n for n in os.listdir(final_dir) if n.endswith(".safetensors")] if os.path.isdir(final_dir) else []
+            if not any(safe_open(os.path.join(final_dir, n), framework="pt").keys() for n in names):
+                raise RuntimeError(f"No weights in {final_dir}: transformers writes them under FSDP only with "
+                                   "FULL_STATE_DICT (else: sharded-final-save), ZeRO-3 with zero3_save_16bit_model.")
         saved = "Adapter" if model_args.use_peft else "Model"
         trainer.accelerator.print(f"{saved} saved to {final_dir}.")
     # Every rank has finished saving before the process group goes away.
     trainer.accelerator.wait_for_everyone()
     trainer.end()
-
-
-def weights_in(folder: str) -> list[str]:
-    """The safetensors files in `folder` that hold a tensor (transformers 5 and PEFT save safetensors only)."""
-    from safetensors import safe_open
-
-    names = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors")) if os.path.isdir(folder) else []
-    return [n for n in names if safe_open(os.path.join(folder, n), framework="pt").keys()]
 
 
 # ---- Exact resume under Ulysses SP (used by main when a sequence-parallel run resumes) ----------------------------
