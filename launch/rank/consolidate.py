@@ -216,7 +216,7 @@ def plan(checkpoint: str, model, world: int) -> list[OutputFile]:
     per_file = {n: spec for f in files for n, spec in f.tensors.items()}
     if per_file != {n: (tuple(t.shape), str(t.dtype)) for n, t in whole.items()}:
         raise ValueError(f"{type(model).__name__}'s weight conversions (transformers' revert_weight_conversion) need "
-                         "tensors from more than one output file; consolidate with a larger SHARD_BYTES.")
+                         "tensors from more than one output file; raise SHARD_BYTES in launch/rank/consolidate.py.")
     return files
 
 
