@@ -152,6 +152,17 @@ def _in_hub_cache(repo_id: str, repo_type: str) -> bool:
     return (Path(_cache_dir()) / repo_folder_name(repo_id=repo_id, repo_type=repo_type)).is_dir()
 
 
+def rope_parameters(config) -> dict:
+    """The RoPE settings of a transformers config as the model has them (5.x: `rope_parameters`; older:
+    `rope_scaling` + `rope_theta`), rope_theta included. Read by the RoPE rule (launch.rules) and the loss sentinel's
+    run identity (launch.sentinel)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    params = dict(params) if isinstance(params, dict) else {}
+    if "rope_theta" not in params and getattr(config, "rope_theta", None) is not None:
+        params["rope_theta"] = config.rope_theta
+    return params
+
+
 # ---- a model checked the way the ranks will load it (issue 27: each of these started ranks that died 40-65 s later) --
 # A parameter count no machine holds: 10^13 parameters are 20 TB in bf16 (the largest open models have ~10^12); a
 # typo in config.json (hidden_size 409600) gives such counts, and random init or loading would run out of memory.

@@ -7,6 +7,7 @@ or to the recipe folder.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib.util
 from dataclasses import dataclass, field
@@ -20,9 +21,27 @@ from launch.errors import LaunchError
 
 RECIPES_DIR = REPO_ROOT / "recipes"
 RECIPE_FILES = ("config.yaml", "train.py", "expected_metrics.json", "README.md")
+COMMANDS_DIR = Path(__file__).resolve().parent / "commands"
+
+
+def command_names(folder: Path = COMMANDS_DIR) -> tuple[str, ...]:
+    """The words of the commands in launch/commands/: the NAME of each `@command(NAME, HELP)`, read from the modules'
+    source (ast) without importing them (they import most of the launcher, which imports this module). The one list
+    of the words `python -m launch WORD` reads as a command; `launch.commands.command` refuses a name not found here
+    (e.g. one that is not a literal string)."""
+    names = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.FunctionDef):
+                names += [d.args[0].value for d in node.decorator_list
+                          if isinstance(d, ast.Call) and getattr(d.func, "id", None) == "command" and d.args
+                          and isinstance(d.args[0], ast.Constant) and isinstance(d.args[0].value, str)]
+    return tuple(sorted(names))
+
+
 # The first words `python -m launch WORD` reads as a command, not as a recipe: a folder of recipes/ named like one could
-# never be run by name, so discovery refuses it. Each command claims its word here (launch.commands checks it).
-COMMAND_NAMES = ("bench", "compare", "doctor", "help", "list", "merge", "plan", "record", "sync-scripts")
+# never be run by name, so discovery refuses it.
+COMMAND_NAMES = command_names()
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -37,6 +37,7 @@ import json
 import math
 from pathlib import Path
 
+from launch import hub
 from launch.rank import run_files  # names only
 from launch.rank.sentinel import ENV
 
@@ -105,24 +106,16 @@ def band_of(entry: dict | None) -> dict | None:
     return entry.get(KEY) if isinstance(entry, dict) else None
 
 
-def rope_of(config) -> dict:
-    """The model's own RoPE settings from its config (transformers 5 `rope_parameters`; older `rope_scaling` +
-    `rope_theta`). Not the run's model_init_kwargs over them: RoPE scaling left out or misapplied is a trap the band
-    is there to catch (TRL PR #6846: 10.6 instead of 4.4), so it must not turn the band off."""
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    params = dict(params) if isinstance(params, dict) else {}
-    if "rope_theta" not in params and getattr(config, "rope_theta", None) is not None:
-        params["rope_theta"] = config.rope_theta
-    return params
-
-
 def identity(config, training: dict, layout=None) -> dict:
     """What the run is, under the keys a band's `recorded_with` may name (IDENTITY); "model" and "rope" only when
     the model's config was read."""
     out: dict = {"max_length": training.get("max_length")}
     if config is not None:
         out["model"] = {k: getattr(config, k, None) for k in ARCHITECTURE}
-        out["rope"] = rope_of(config)
+        # the model's own RoPE settings, not the run's model_init_kwargs over them: RoPE scaling left out or
+        # misapplied is a trap the band is there to catch (TRL PR #6846: 10.6 instead of 4.4), so it must not turn
+        # the band off
+        out["rope"] = hub.rope_parameters(config)
     if layout is not None:
         out["layout"] = {"world_size": layout.world_size, "mesh": dict(layout.mesh)}
     return out

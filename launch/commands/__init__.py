@@ -60,8 +60,9 @@ def command(name: str, help: str, reads_first: bool = False):
     `reads_first`: the command writes nothing before it calls `launch.interrupt.writing()`, so that until then a
     Ctrl-C may end it at once (launch.interrupt); without it, a Ctrl-C raises KeyboardInterrupt from its start."""
     if name not in COMMAND_NAMES:  # a developer's mistake: found at import, by every test
-        raise RuntimeError(f"command `{name}`: add it to launch.recipes.COMMAND_NAMES, so that no recipe folder can "
-                           "be named like it")
+        raise RuntimeError(f"command `{name}`: launch.recipes.command_names() did not find it in launch/commands/; "
+                           "register it as `@command(\"NAME\", HELP)` on a module-level function, with NAME a literal "
+                           "string, so that no recipe folder can be named like it")
 
     def register(main):
         if name in _REGISTRY and _REGISTRY[name].main.__wrapped__ is not main:

@@ -20,7 +20,7 @@ from launch.memory_plan import GPU_MEMORY_GIB, Target, describe, plan_memory, tr
 from launch.options import Options, Parser, add_options, split_extra, values_from
 from launch.resolve import resolve
 
-RUN_OPTIONS = ("recipe", "mesh")  # the run's own options that a plan takes too (launch.options declares them)
+RUN_OPTIONS = ("recipe", "model", "mesh")  # the run's own options that a plan takes too (launch.options declares them)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -34,8 +34,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"memory per GPU in GiB as torch reports it (default {GPU_MEMORY_GIB}: an 80 GB H100/A100)")
     p.add_argument("--host-memory", type=float, metavar="GIB", help="host memory per node in GiB (default: unknown)")
     p.add_argument("--max-length", metavar="L|auto", help="plan this global sequence length, or find the longest")
-    p.add_argument("--model", metavar="NAME_OR_DIR", help="a hub id or a folder with the model's config.json")
-    add_options(p, ("mesh",))
+    add_options(p, ("model", "mesh"))  # a plan reads only the model's config.json
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", action="store_true",
                    help="also trace one training step of the real model under fake tensors (CPU, no memory used; "
@@ -57,8 +56,6 @@ def main(argv: list[str]) -> int:
         if length < 1:  # the run refuses it too (rules.numbers_positive); 0 used to be planned at the config's length
             raise LaunchError(f"--max-length {ns.max_length}: give a positive number of tokens, or `auto`.")
         extra = [*extra, "--max_length", str(length)]
-    if ns.model:
-        extra = [*extra, "--model_name_or_path", ns.model]
     memories = [ns.gpu_memory] + ([ns.host_memory] if ns.host_memory is not None else [])
     # `not 0 < m < inf` also refuses NaN, which every comparison would let through
     if (ns.gpus is not None and ns.gpus < 1) or ns.nodes < 1 or any(not 0 < m < math.inf for m in memories):
