@@ -16,6 +16,8 @@ Target-module matching is PEFT's (peft/tuners/tuners_utils.py `check_target_modu
 must match the whole module name; a list matches a module whose name equals an entry or ends with "." + entry;
 "all-linear" is every `nn.Linear` but the output layer. `None` means PEFT's default for the model type
 (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`: q_proj and v_proj for the Llama / Qwen / Mistral families).
+The names matched are the model's own (`launch.meta_model`: the model built on the meta device), for the rule
+`launch.rules.lora_targets_match`; the planner matches its modelled Llama-style layer (`launch.memory.architecture`).
 """
 
 from __future__ import annotations
@@ -33,23 +35,6 @@ DEFAULT_TARGETS = ("q_proj", "v_proj")
 # values (256 absmax per second-level block, bnb.functional.quantize_4bit with compress_statistics=True).
 QUANT_BLOCK = 64
 NESTED_BLOCK = 256
-
-
-# The nn.Linear modules of one decoder layer of transformers' Llama-style families (LlamaAttention / Qwen2Attention /
-# Qwen3Attention / MistralAttention: `self_attn.{q,k,v,o}_proj`; LlamaMLP and kin: `mlp.{gate,up,down}_proj`), with
-# their parent module, and the model types that have exactly these: the names PEFT matches `target_modules` against.
-# Known per family rather than read from a model built on the meta device: the planner covers these families only,
-# and this needs neither torch nor the modelling code (the rule `lora_targets_match` skips other model types).
-LAYER_LINEARS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-                 "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
-LINEAR_NAMES_KNOWN = ("llama", "mistral", "qwen2", "qwen3")
-
-
-def linear_module_names(num_layers: int) -> list[str]:
-    """Every nn.Linear's full module name in `AutoModelForCausalLM` of a Llama-style family
-    (`model.layers.N.self_attn.q_proj`, ..., `lm_head`)."""
-    names = [f"model.layers.{n}.{parent}.{suffix}" for n in range(num_layers) for suffix, parent in LAYER_LINEARS.items()]
-    return names + ["lm_head"]
 
 
 def _dtype(value, default: str) -> str:
@@ -146,13 +131,18 @@ class Adapter:
             "use_dora": self.use_dora,
         }
 
+    @property
+    def all_linear(self) -> bool:
+        """`target_modules` is PEFT's "all-linear" shorthand (which PEFT reads in any case)."""
+        return isinstance(self.target_modules, str) and self.target_modules.lower() == ALL_LINEAR
+
     def targets(self, linear_names, output_layer: str = "lm_head") -> list[str]:
         """Which of the model's linear-layer names (full dotted module names) LoRA wraps, as PEFT matches them."""
         names = list(linear_names)
         t = self.target_modules
         if t is None:
             t = DEFAULT_TARGETS
-        if t == ALL_LINEAR:
+        if self.all_linear:
             return [n for n in names if n.rsplit(".", 1)[-1] != output_layer]
         if isinstance(t, str):
             return [n for n in names if re.fullmatch(t, n)]

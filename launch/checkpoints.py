@@ -40,16 +40,21 @@ def problems(folder: Path) -> list[str]:
     except (OSError, json.JSONDecodeError):
         out.append(f"{state.name} is not valid JSON")
     for path in sorted(folder.rglob("*")):
-        if not path.is_file():
-            continue
-        if path.suffix == ".safetensors" and (msg := _safetensors_problem(path)):
+        if path.is_file() and (msg := file_problem(path)):
             out.append(f"{path.relative_to(folder)}: {msg}")
-        elif path.suffix in (".pt", ".pth", ".bin") and path.stat().st_size and not zipfile.is_zipfile(path):
-            # torch.save writes a zip archive; a cut-off one has no end-of-central-directory record
-            with open(path, "rb") as f:
-                if f.read(2) == b"PK":
-                    out.append(f"{path.relative_to(folder)}: truncated (its zip directory is missing)")
     return out
+
+
+def file_problem(path: Path) -> str | None:
+    """A weight file cut short or unreadable, from its own framing (None: it checks out, or is not a weight file)."""
+    if path.suffix == ".safetensors":
+        return _safetensors_problem(path)
+    if path.suffix in (".pt", ".pth", ".bin") and path.stat().st_size and not zipfile.is_zipfile(path):
+        # torch.save writes a zip archive; a cut-off one has no end-of-central-directory record
+        with open(path, "rb") as f:
+            if f.read(2) == b"PK":
+                return "truncated (its zip directory is missing)"
+    return None
 
 
 def _safetensors_problem(path: Path) -> str | None:
@@ -87,6 +92,8 @@ def resolve_resume(output_dir: Path, resume: str) -> Path:
         path = Path(resume).expanduser().absolute()
         if not path.is_dir():
             raise LaunchError(f"--resume {resume}: no such checkpoint folder.")
+        if problem := not_a_checkpoint(path):
+            raise LaunchError(f"--resume {resume}: {problem}")
         if found := problems(path):
             raise LaunchError(f"--resume {resume}: not a complete checkpoint ({'; '.join(found)}). Resume from an "
                               "earlier checkpoint, or start again.")
@@ -100,6 +107,23 @@ def resolve_resume(output_dir: Path, resume: str) -> Path:
             + ". Checkpoints are saved every --save-steps steps (or per the recipe's save_strategy/save_steps)."
         )
     return found
+
+
+def not_a_checkpoint(path: Path) -> str | None:
+    """A run's final/ or merged/ folder given as a checkpoint: it holds the trained model (or adapter) only, none of
+    what resuming needs (optimizer, scheduler, RNG states, trainer_state.json), and did not die while saving."""
+    run = RunFolder(path.parent)
+    if path.resolve() not in (run.final.resolve(), run.merged.resolve()):
+        return None
+    what = "final model (or adapter)" if path.resolve() == run.final.resolve() else "merged model (`launch merge`)"
+    saved = [c.name for c in run.checkpoints() if complete(c)]
+    where = (f"resume from one of its checkpoints ({', '.join(saved[-3:])}: `--resume {path.parent / saved[-1]}`), or "
+             f"pass --resume alone, which takes the newest complete one") if saved else (
+             f"{path.parent} holds no complete checkpoint-N folder to resume from (checkpoints are saved every "
+             "--save-steps steps): start a new run in a new --output-dir")
+    return (f"{path} is the run's {what}, not a checkpoint: it holds the weights only, not the optimizer, scheduler "
+            f"and RNG states nor trainer_state.json that resuming needs. A run is resumed from a checkpoint-N folder: "
+            f"{where}.")
 
 
 def identity(setup) -> dict:

@@ -13,6 +13,8 @@ or torch elastic's PET_* variables (a Kubeflow Trainer TrainJob sets them). docs
 from __future__ import annotations
 
 import os
+import re
+import socket
 from dataclasses import dataclass
 
 from launch.constants import ENV_MIN_FREE_MB
@@ -87,6 +89,9 @@ SCHEDULERS = {
     "torch": {"main_process_ip": "MASTER_ADDR", "main_process_port": "MASTER_PORT"},
 }
 TORCHRUN_COUNTS = ("auto", "gpu", "cpu")  # PET_NPROC_PER_NODE words: torchrun counts the devices itself
+# Variables that hold every machine's address, machine rank 0's first: SkyPilot's is one a line; a comma- or
+# space-separated list (someone's own setting) is read the same way, instead of as one address that cannot resolve.
+ADDRESS_LISTS = ("SKYPILOT_NODE_IPS",)
 MINIMUM = {"num_machines": 1, "machine_rank": 0, PER_MACHINE: 0}  # SKYPILOT_NUM_GPUS_PER_NODE is 0 on a CPU node
 
 
@@ -95,8 +100,8 @@ def _scheduler_value(fact: str, name: str, environ):
     raw = environ.get(name)
     if raw is None or raw.strip() == "":
         return None
-    if fact == "main_process_ip":  # SKYPILOT_NODE_IPS: one address a line, machine rank 0's first
-        return raw.strip().splitlines()[0].strip()
+    if fact == "main_process_ip":
+        return re.split(r"[\s,]+", raw.strip())[0] if name in ADDRESS_LISTS else raw.strip()
     if fact == PER_MACHINE and raw.strip().lower() in TORCHRUN_COUNTS:
         return None
     value = optional_int(name, environ)
@@ -114,15 +119,33 @@ class Rendezvous:
 
     values: dict
     sources: dict
+    per_machine_given: tuple = ()  # (variable, raw value) of a scheduler's process count per machine, also a word
 
     @property
     def from_scheduler(self) -> bool:
         return any(not s.startswith("--") and s != "default" for s in self.sources.values())
 
     def options(self) -> dict:
-        """The run options these facts fill in (`dataclasses.replace(options, **r.options())`); rules name the
-        source of a bad port (`main_process_port_source`)."""
-        return {**self.values, "main_process_port_source": self.sources["main_process_port"]}
+        """The run options these facts fill in (`dataclasses.replace(options, **r.options())`), with their sources
+        (`rendezvous_sources`: rules name where a bad value came from, `source()`)."""
+        return {**self.values, "rendezvous_sources": dict(self.sources)}
+
+    def process_count_line(self, world_size: int, per_machine: int) -> str | None:
+        """One line when a scheduler said how many processes a machine runs and that count was not used: which count
+        won, and why (a flag wins; a word such as `auto` asks torchrun to count devices, which the launcher leaves to
+        the recipe)."""
+        if not self.per_machine_given:
+            return None
+        name, raw = self.per_machine_given
+        used = f"processes: {world_size} in all ({per_machine} per machine)"
+        if self.sources["num_processes"].startswith("--"):
+            return (f"{used} from {self.sources['num_processes']}, not {name}={raw}: a flag wins over the scheduler's "
+                    "variables")
+        if raw.strip().lower() in TORCHRUN_COUNTS:
+            return (f"{used} from the Accelerate config's num_processes: {name}={raw} asks torchrun to count this "
+                    "machine's devices, which the launcher does not guess; pass --num-processes (all machines "
+                    "together) to choose")
+        return None
 
     def describe(self) -> str | None:
         """One line for the run's output when more than one machine takes part or a scheduler set anything."""
@@ -150,17 +173,19 @@ def rendezvous(given, environ=None) -> Rendezvous:
     them started this job is not ours to guess."""
     environ = os.environ if environ is None else environ
     found: dict[str, list[tuple[str, object]]] = {}
+    per_machine_given: tuple = ()
     for variables in SCHEDULERS.values():
         for fact, name in variables.items():
+            if fact == PER_MACHINE and (environ.get(name) or "").strip() and not per_machine_given:
+                per_machine_given = (name, environ[name].strip())
             if (value := _scheduler_value(fact, name, environ)) is not None:
                 found.setdefault(fact, []).append((name, value))
     values, sources = {}, {}
     for fact, flag in RENDEZVOUS_FLAGS.items():
         explicit = getattr(given, fact, None)
         if explicit is not None:
-            # a port the options already took from the environment keeps that name (rules.rendezvous_port says it)
-            source = getattr(given, "main_process_port_source", flag) if fact == "main_process_port" else flag
-            values[fact], sources[fact] = explicit, source
+            # a value the options already took from the environment keeps that name (rules say where it came from)
+            values[fact], sources[fact] = explicit, (getattr(given, "rendezvous_sources", None) or {}).get(fact, flag)
             continue
         key = PER_MACHINE if fact == "num_processes" else fact
         seen = found.get(key, [])
@@ -176,4 +201,53 @@ def rendezvous(given, environ=None) -> Rendezvous:
             sources[fact] = f"{' = '.join(n for n, _v in seen)} x {values['num_machines'] or 1} machines"
         else:
             values[fact], sources[fact] = seen[0][1], " = ".join(name for name, _value in seen)
-    return Rendezvous(values, sources)
+    return Rendezvous(values, sources, per_machine_given)
+
+
+def source(options, fact: str) -> str:
+    """Where the run option `fact` came from: its flag, or the scheduler variable(s) `rendezvous` took it from."""
+    return (getattr(options, "rendezvous_sources", None) or {}).get(fact) or RENDEZVOUS_FLAGS[fact]
+
+
+def _given(options, fact: str, value) -> str:
+    """`--machine-rank 1`, or `PET_NODE_RANK=1 (from the environment)`."""
+    where = source(options, fact)
+    if where == "default":
+        return f"{RENDEZVOUS_FLAGS[fact]} (not given: {value})"
+    return f"{where} {value}" if where.startswith("--") else f"{where}={value} (from the environment)"
+
+
+def machine_rank_problem(options, machines: int) -> str | None:
+    """The one check of this machine's rank against the machine count, whatever set either (a flag, SLURM, SkyPilot,
+    a TrainJob's PET_* variables, the Accelerate config): a rank not below the count would wait for a machine rank 0
+    that is not part of the job (or pass for one: any local process listening on the port)."""
+    rank = options.machine_rank or 0
+    if 0 <= rank < machines:
+        return None
+    where = source(options, "num_machines")
+    if where == "default":
+        count = (f"{machines}: neither --num-machines nor a scheduler's machine count (SLURM_NNODES, "
+                 "SKYPILOT_NUM_NODES, PET_NNODES) is set, so the run's own is used: the Accelerate config's "
+                 "num_machines, 1 for --smoke")
+    else:
+        count = f"{where} {machines}" if where.startswith("--") else f"{where}={machines} (from the environment)"
+    return (f"{_given(options, 'machine_rank', rank)} makes this machine rank {rank}, but the job has machine ranks "
+            f"0..{machines - 1} only (machine count {count}). This machine would wait for a rendezvous that is not "
+            "part of the job, or take any process listening on the port for machine rank 0. Unset the stray "
+            "variable, or give the machine count and this machine's rank together (--num-machines N --machine-rank "
+            "R, or the scheduler's own variables).")
+
+
+def address_problem(host: str | None, port: int) -> str | None:
+    """Machine rank 0's address must resolve before any machine waits on it (a typo, or a list where one address
+    is expected, would otherwise wait the whole rendezvous timeout)."""
+    if not host:
+        return None
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        return (f"The address of machine rank 0, {host!r}, does not resolve ({getattr(e, 'strerror', None) or e}): "
+                "every machine would wait for it until the rendezvous timeout. Check --main-process-ip or the "
+                "scheduler's variable it came from (MASTER_ADDR, PET_MASTER_ADDR, SKYPILOT_NODE_IPS: one address a "
+                "line, machine rank 0's first).")
+    return None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from launch import hub, memory
+from launch import hub, memory, meta_model
 from launch.errors import LaunchError
 from launch.layout import Layout
 
@@ -41,7 +41,28 @@ def default_target(setup, gpu_memory_gib: float = GPU_MEMORY_GIB, host_memory_gi
 def architecture(model: hub.ModelConfig) -> memory.Architecture:
     if model.config is None:
         raise LaunchError(f"The planner needs the model's config.json and could not read it: {model.problem}.")
+    if problem := unmodelled(model.config):
+        raise LaunchError(problem)
     return memory.Architecture.from_config(model.config)
+
+
+def unmodelled(config) -> str | None:
+    """Why the memory model does not describe this model, from the model's own modules (launch.meta_model: built on
+    the meta device): its repeated layer must hold exactly the Llama-style linear layers the memory model counts
+    (`memory.architecture.LAYER_LINEARS`). None when it does, or when the model cannot be built here (the config's
+    fields are then read as they are)."""
+    found = meta_model.modules(config)
+    if found is None:
+        return None
+    modelled = {f"{parent}.{name}" for name, parent in memory.LAYER_LINEARS.items()} | {memory.OUTPUT_LAYER}
+    real = found.layer_linears()
+    if set(real) == modelled:
+        return None
+    return (f"The memory model describes decoders built of Llama-style layers (linear layers "
+            f"{', '.join(sorted(modelled))}: Llama, Mistral, Qwen2, Qwen3), and a {found.model_type} model is not one: "
+            f"its linear layers are {', '.join(real) or 'none'}. Its memory cannot be planned here (`plan`, "
+            "the memory table of a dry run and the fit check); plan a model of a Llama-style family, or run it and "
+            "measure (`--bench` records each rank's peak memory).")
 
 
 def run_shape(setup) -> memory.RunShape:
@@ -110,7 +131,7 @@ class MemoryPlan:
             "target": {"gpus_per_node": self.target.gpus_per_node, "nodes": self.target.nodes,
                        "gpu_memory_gib": self.target.gpu_memory_gib, "host_memory_gib": self.target.host_memory_gib},
             "largest_term": est.largest_gpu_term().name,
-            "advice": est.advice(),
+            "advice": est.advice(self.target.gpu_memory_gib, self.target.host_memory_gib),
             "notes": est.notes,
         }
 

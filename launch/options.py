@@ -96,8 +96,8 @@ class Options:
     synthetic: bool = option("the model's architecture from its config.json with random weights, random token rows "
                              "of max_length: no weights, tokenizer or dataset needed (throughput and memory)",
                              default=False)  # launch.rank.synthetic
-    model: str | None = option("model_name_or_path for this run (with --synthetic: a folder holding only "
-                               "config.json is enough)", metavar="DIR_OR_ID")
+    model: str | None = option("model_name_or_path for this run: a hub id or a folder (for `plan` and --synthetic, "
+                               "a folder holding only config.json is enough)", metavar="DIR_OR_ID")
     loss_sentinel: bool = option("do not stop the run when its first logged losses leave the recipe's recorded band",
                                  default=True, flag="--no-loss-sentinel")  # launch.sentinel
     dry_run: bool = option("print the command and the effective setup, run nothing", default=False)
@@ -109,7 +109,8 @@ class Options:
     rendezvous_timeout: float = option("machine ranks > 0: how long to wait for machine rank 0 before giving up "
                                        "(%(default)g)", default=300.0, metavar="SECONDS", group=MULTI_NODE)
     # Not options of their own: set by the command that builds the Options.
-    main_process_port_source: str = "--main-process-port"  # or the scheduler variable it came from (envvars.rendezvous)
+    # fact -> the flag or scheduler variable(s) it came from (launch.envvars.rendezvous; empty: the flags)
+    rendezvous_sources: dict = field(default_factory=dict)
     record: bool = False  # `record`: the invocation is exactly what the command line says, nothing inherited
     extra: list[str] = field(default_factory=list)  # training arguments after `--`, passed on verbatim
 

@@ -7,6 +7,7 @@ TrlParser (`launch.training_args`) from the same argv the ranks will get, so the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,11 +184,25 @@ def _accelerate_overrides(options: Options, accelerate: dict, num_processes: int
         # A smoke run is one machine's unless --num-machines (or a scheduler) says otherwise: a multi-node recipe
         # (fsdp2-70b: num_machines 3) keeps its mesh, recorded for the processes of one machine.
         overrides["num_machines"] = 1
+    if int(overrides.get("num_machines", accelerate.get("num_machines", 1)) or 1) > 1:
+        # torchrun's static rendezvous on machine rank 0 waits for the other machines as long as its store's timeout
+        # (torch's default 600 s): the run's --rendezvous-timeout bounds it, as it bounds the other machines' wait
+        # (launch.runner.wait_for_rendezvous); a timeout the Accelerate config sets itself is kept
+        conf = rendezvous_conf(accelerate)
+        if "timeout" not in conf:
+            conf["timeout"] = str(math.ceil(options.rendezvous_timeout))
+            overrides["rdzv_conf"] = ",".join(f"{k}={v}" for k, v in conf.items())
     for name, size in mesh.items():
         overrides[MESH_KEYS[name]] = int(size)
     if options.cpu:
         overrides.update(profiles.cpu_accelerate(accelerate))
     return overrides
+
+
+def rendezvous_conf(accelerate: dict) -> dict:
+    """The Accelerate config's `rdzv_conf` (`key=value,key=value`, torchrun's --rdzv-conf) as a dict."""
+    pairs = (item.split("=", 1) for item in str(accelerate.get("rdzv_conf") or "").split(",") if "=" in item)
+    return {k.strip(): v.strip() for k, v in pairs}
 
 
 def _with_overrides(accelerate: dict, overrides: dict) -> dict:

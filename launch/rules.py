@@ -14,6 +14,7 @@ failing, since a plan is often made on a machine that will not run it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -21,8 +22,8 @@ from typing import Callable
 
 from packaging.version import Version
 
-from launch import hub, sections, train_template
-from launch.adapter import LINEAR_NAMES_KNOWN, Adapter, linear_module_names, quantization_on_cpu_supported
+from launch import envvars, hub, meta_model, sections, train_template
+from launch.adapter import Adapter, quantization_on_cpu_supported
 from launch.constants import CP_ATTENTION, SP_ATTENTION, SP_ATTENTION_KEY
 from launch.recipes import RECIPES_DIR
 from launch.switches import is_on
@@ -240,7 +241,7 @@ def processes_fit_layout(setup, facts: Facts):
 @rule()
 def rendezvous_port(setup, facts: Facts):
     # accelerate launch passes it to torchrun even on one machine, which then fails after the start
-    port, source = setup.options.main_process_port, setup.options.main_process_port_source
+    port, source = setup.options.main_process_port, envvars.source(setup.options, "main_process_port")
     if port is None or 1 <= port <= 65535:
         return None
     # a scheduler's port names the variable(s) it came from (launch.envvars.rendezvous), e.g. SKYPILOT_..., not always MASTER_PORT
@@ -255,18 +256,24 @@ def rendezvous_port(setup, facts: Facts):
 @rule()
 def multinode_rendezvous(setup, facts: Facts):
     o, machines = setup.options, setup.layout.num_machines
-    if machines <= 1:
-        return None
-    problems = []
-    if not o.main_process_ip:
-        problems.append("--main-process-ip (the address of machine rank 0) is not set, so the other machines would wait "
-                        "for a rendezvous with no host")
-    rank = o.machine_rank or 0
-    if not 0 <= rank < machines:
-        problems.append(f"--machine-rank {rank} is outside 0..{machines - 1}")
-    if problems:
-        return f"Multi-node run over {machines} machines: " + "; ".join(problems) + "."
+    # issue 36: a machine rank from any source (a stray PET_NODE_RANK=1 on one machine included), checked in one place
+    if problem := envvars.machine_rank_problem(o, machines):
+        return problem
+    if machines > 1 and not o.main_process_ip:
+        return (f"Multi-node run over {machines} machines: --main-process-ip (the address of machine rank 0) is not "
+                "set, so the other machines would wait for a rendezvous with no host.")
     return None
+
+
+@rule(machine=True)
+def rendezvous_address_resolves(setup, facts: Facts):
+    # issue 36: every machine of a multi-node run waits on this address (machine ranks > 0 for up to
+    # --rendezvous-timeout before the start, machine rank 0's own ranks in torchrun): one that does not resolve is
+    # refused before any wait
+    o = setup.options
+    if setup.layout.num_machines <= 1:
+        return None
+    return envvars.address_problem(o.main_process_ip, o.main_process_port or 29500)
 
 
 @rule(machine=True)
@@ -568,12 +575,17 @@ def cp_no_packing(setup, facts: Facts):
     return None
 
 
-@rule()
-def cp_no_param_offload_on_cpu(setup, facts: Facts):
+@rule(doc=(
+    "no `fsdp_offload_params: true` on a CPU run (FSDP1 or FSDP2, with or without CP)",
+    "torch: \"Cannot access accelerator device when none is available\", in every rank after loading"))
+def fsdp_param_offload_not_on_cpu(setup, facts: Facts):
+    # issue 36: any FSDP run on CPU, not only CP ones (measured: FSDP2 without CP, and FSDP1, fail the same way)
     fsdp = setup.accelerate.get("fsdp_config") or {}
-    if _cp(setup) > 1 and setup.options.cpu and is_on(fsdp.get("fsdp_offload_params")):
-        return ("fsdp_offload_params moves parameters from the accelerator to host memory; on a CPU run it fails "
-                "(\"Cannot access accelerator device when none is available\"). Set it false for CPU runs.")
+    if setup.layout.sharding == "fsdp" and setup.options.cpu and is_on(fsdp.get("fsdp_offload_params")):
+        return (f"fsdp_offload_params: true moves {setup.layout.kind.upper()}'s parameters from the accelerator to "
+                "host memory; on a CPU run there is no accelerator and every rank fails after loading (torch: \"Cannot "
+                "access accelerator device when none is available\"). Set fsdp_offload_params: false in the "
+                "Accelerate config's fsdp_config for CPU runs (the parameters are in host memory already).")
     return None
 
 
@@ -614,6 +626,23 @@ def fsdp2_without_fsdp1_settings(setup, facts: Facts):
     return ("The Accelerate config asks for FSDP2 (fsdp_version: 2) with FSDP1-only settings that FSDP2 ignores or "
             "refuses in the ranks after the model has loaded: " + "; ".join(found) + ". Change them in the "
             "Accelerate config's fsdp_config (or use fsdp_version: 1).")
+
+
+@rule(feature="fsdp2", doc=(
+    "with FSDP2 and a `parallelism_config`, a mesh dimension to shard over: `dp_shard` or `cp` above 1",
+    "Accelerate: \"FSDP is enabled but the parallelism config has no dimension for FSDP to shard across\", in "
+    "every rank"))
+def fsdp2_has_a_shard_dimension(setup, facts: Facts):
+    # issue 36: Accelerate's ParallelismConfig checks this only in the ranks (_validate_accelerator), after start-up
+    m = setup.layout.mesh
+    if not _fsdp2(setup) or not setup.accelerate.get("parallelism_config") or m["dp_shard"] > 1 or m["cp"] > 1:
+        return None
+    return (f"The mesh gives FSDP2 nothing to shard over: dp_shard {m['dp_shard']} and cp {m['cp']} (with dp_replicate "
+            f"{m['dp_replicate']}), and FSDP2 shards the model over dp_shard x cp; Accelerate refuses it in every rank "
+            "(\"FSDP is enabled but the parallelism config has no dimension for FSDP to shard across\"). Give FSDP2 a "
+            "shard group, with dp_replicate x dp_shard still the processes (e.g. --dp-replicate-size 1 --dp-shard-size "
+            f"{m['dp_replicate']}: one copy sharded over all of them), or, to keep a whole copy of the model on every "
+            "process, use DDP (distributed_type: MULTI_GPU).")
 
 
 # ---- FSDP's state-dict type: the final weights must be written (templates/train.py, launch/rank/consolidate.py) ------
@@ -682,29 +711,106 @@ def lora_rank_positive(setup, facts: Facts):
             "(8-64 is usual; the recipes use 16).")
 
 
+# issue 36: adapter settings that PEFT, TRL or transformers refuse only in the ranks, after the model has loaded, or
+# that train nothing and exit 0
+@rule(feature="adapters", doc=(
+    "`lora_alpha` positive",
+    "0: the adapter's update is scaled by 0, nothing trains (grad_norm 0), the untrained adapter is saved, exit 0"))
+def lora_alpha_positive(setup, facts: Facts):
+    # PEFT accepts any alpha. 0 scales the update B A x by alpha / r = 0: both gradients are 0 and the run saves an
+    # untrained adapter, exit 0. A negative alpha trains exactly the run of |alpha| mirrored (B becomes -B: SGD and
+    # Adam are odd in the gradient), so it is never needed; refused too, so that one run has one alpha in its resume
+    # identity (launch.adapter.Adapter.identity) and a slip of the sign is caught.
+    a = _adapter(setup)
+    if a is None or a.alpha > 0:
+        return None
+    why = ("makes every gradient of lora_A and lora_B 0 (grad_norm 0 at every step, DoRA's magnitudes aside): the "
+           "untrained adapter would be saved as final/, with exit status 0") if a.alpha == 0 else (
+           "only flips the sign of the update, which training undoes (it trains the run of the positive alpha, with "
+           "lora_B negated)")
+    return (f"lora_alpha is {a.alpha}: LoRA scales its update B A x by lora_alpha / lora_r (lora_alpha / sqrt(lora_r) "
+            f"with use_rslora), so {a.alpha} {why}. Set lora_alpha to a positive integer (the recipes use 2 x lora_r, "
+            f"here {max(2 * a.r, 1)}).")
+
+
+@rule(feature="adapters", doc=(
+    "`lora_dropout` in [0, 1)",
+    "outside [0, 1]: torch's \"dropout probability has to be between 0 and 1\" in every rank after loading; 1: "
+    "the adapter sees only zeros and trains nothing, exit 0"))
+def lora_dropout_in_range(setup, facts: Facts):
+    a = _adapter(setup)
+    if a is None or 0 <= a.dropout < 1:
+        return None
+    why = ("torch.nn.Dropout refuses it in every rank after the base model has loaded (\"dropout probability has to "
+           "be between 0 and 1\")") if not 0 <= a.dropout <= 1 else (
+           "a dropout of 1 zeroes the adapter's input at every training step, so its gradients are 0 and the untrained "
+           "adapter would be saved, with exit status 0")
+    return (f"lora_dropout is {a.dropout:g}: it is the probability that LoRA drops each input element of the adapter "
+            f"during training, and {why}. Set lora_dropout in [0, 1): 0.05 is TRL's default, 0 turns it off.")
+
+
+@rule(feature="adapters", doc=(
+    "`load_in_4bit` / `load_in_8bit` only with an adapter (`use_peft: true`)",
+    "transformers: \"You cannot perform fine-tuning on purely quantized models\", in every rank after loading"))
+def quantized_base_needs_adapter(setup, facts: Facts):
+    t = setup.training
+    bits = [b for b in (4, 8) if is_on(t.get(f"load_in_{b}bit", False))]
+    if not bits or _adapter(setup) is not None:
+        return None
+    return (f"load_in_{bits[0]}bit is on but use_peft is off: TRL would load the base quantized "
+            f"({bits[0]}-bit weights, which cannot be trained) and train no adapter on it, and transformers' Trainer "
+            "refuses that in every rank after the model has loaded (\"You cannot perform fine-tuning on purely "
+            "quantized models\"). Add `--use_peft true` (QLoRA: a LoRA adapter on the quantized base), or drop "
+            f"load_in_{bits[0]}bit for a full fine-tune.")
+
+
+@rule(feature="adapters", doc=(
+    "at most one of `load_in_4bit` and `load_in_8bit`",
+    "TRL: \"You can't use 8 bit and 4 bit precision at the same time\", in every rank"))
+def quantization_one_kind(setup, facts: Facts):
+    t = setup.training
+    if not (is_on(t.get("load_in_4bit", False)) and is_on(t.get("load_in_8bit", False))):
+        return None
+    return ("load_in_4bit and load_in_8bit are both on: a base is quantized one way, and TRL's ModelConfig refuses "
+            "both in every rank (\"You can't use 8 bit and 4 bit precision at the same time\"). Keep load_in_4bit "
+            "(QLoRA, the recipes' choice) or load_in_8bit, and set the other false.")
+
+
 @rule(needs_model=True, feature="adapters",
       applies=lambda setup: _adapter(setup) is not None, doc=(
-          "`lora_target_modules` match at least one linear layer of the model",
-          "PEFT: \"Target modules ... not found in the base model\", in every rank after loading"))
+          "`lora_target_modules` match at least one layer LoRA can wrap, and nothing else",
+          "PEFT: \"Target modules ... not found in the base model\" (or \"Target module ... is not supported\"), "
+          "in every rank after loading"))
 def lora_targets_match(setup, facts: Facts):
-    # The module names come from the model's config through the Llama-style families' known layout
-    # (launch.adapter.linear_module_names), the names the planner counts too: building the model on the meta device
-    # would be general, but costs the modelling code's import and a few seconds per check. Other model types: not
-    # checked here (PEFT checks in the ranks).
-    cfg = facts.model_config
-    if str(getattr(cfg, "model_type", "") or "") not in LINEAR_NAMES_KNOWN:
+    # The module names are the model's own, from the model built on the meta device (launch.meta_model), so any model
+    # type is checked; a model that cannot be built here (custom code) is left to PEFT in the ranks.
+    found = meta_model.modules(facts.model_config)
+    if found is None:
         return None
     a = _adapter(setup)
-    names = linear_module_names(int(getattr(cfg, "num_hidden_layers", 1) or 1))
-    if a.targets(names):
+    model = setup.training.get("model_name_or_path")
+    if a.target_modules is None and (default := meta_model.default_targets(found.model_type)) is None:
+        return (f"lora_target_modules is not set and PEFT has no default targets for the model type "
+                f"{found.model_type!r} of {model} (it would stop every rank after loading: \"Please specify "
+                "`target_modules` in `peft_config`\"). Name its layers, or use all-linear; its linear layers are "
+                f"{', '.join(found.layer_linears())}.")
+    targets = a if a.target_modules is not None else dataclasses.replace(a, target_modules=default)
+    matched = targets.targets(found.kinds, output_layer=(found.output_layer or "lm_head").rsplit(".", 1)[-1])
+    if a.all_linear:
+        matched = [n for n in matched if n in found.linear]
+    unsupported = sorted({f"{n.rsplit('.', 1)[-1]} ({found.kinds[n]})" for n in matched if not found.wrappable(n)})
+    if matched and not unsupported:
         return None
-    suffixes = list(dict.fromkeys(n.rsplit(".", 1)[-1] for n in names))
     shown = list(a.target_modules) if isinstance(a.target_modules, tuple) else a.target_modules
-    return (f"lora_target_modules {shown!r} match none of the linear layers of "
-            f"{setup.training.get('model_name_or_path')} (PEFT would stop every rank after loading with \"Target "
-            f"modules ... not found in the base model\"). Its linear layers are {', '.join(suffixes)}; name some of "
-            "them (a list matches a module whose name ends with an entry; a single string is a regular expression "
-            "over the whole name), or use all-linear.")
+    layers = ", ".join(found.layer_linears())
+    if not matched:
+        return (f"lora_target_modules {shown!r} match none of the linear layers of {model} (PEFT would stop every rank "
+                "after loading with \"Target modules ... not found in the base model\"). Its linear layers are "
+                f"{layers}; name some of them (a list matches a module whose name ends with an entry; a single string "
+                "is a regular expression over the whole name), or use all-linear.")
+    return (f"lora_target_modules {shown!r} match module(s) of {model} that LoRA cannot wrap: {', '.join(unsupported)} "
+            "(PEFT would stop every rank after loading with \"Target module ... is not supported\"). Name linear "
+            f"layers instead: {layers}; or use all-linear.")
 
 
 @rule(feature="adapters", doc=(
@@ -796,15 +902,6 @@ def merge_problems(identity: dict | None, allow_quantized: bool = False) -> list
 
 
 # ---- Long context: positions and memory -------------------------------------------------------------------------
-def _rope(config) -> dict:
-    """The RoPE parameters of a transformers config (5.x: `rope_parameters`; older: `rope_scaling` + `rope_theta`)."""
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    params = dict(params) if isinstance(params, dict) else {}
-    if "rope_theta" not in params and getattr(config, "rope_theta", None) is not None:
-        params["rope_theta"] = config.rope_theta
-    return params
-
-
 def rope_coverage(setup, config) -> tuple[int | None, str]:
     """How many positions the run's model covers, and what says so: RoPE scaling the run sets through
     model_init_kwargs (factor x original positions), else the model's max_position_embeddings (which already
@@ -830,7 +927,7 @@ def rope_covers_length(setup, facts: Facts):
     covered, source = rope_coverage(setup, facts.model_config)
     if not covered or length <= covered:
         return None
-    rope = _rope(facts.model_config)
+    rope = hub.rope_parameters(facts.model_config)
     positions = getattr(facts.model_config, "max_position_embeddings", covered)
     factor = max(2, 1 << math.ceil(math.log2(length / positions)))  # the next power of two
     theta = rope.get("rope_theta")

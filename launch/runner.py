@@ -22,7 +22,7 @@ from launch.results.expected import profile_entry
 from launch.results.history import read_history, run_totals, step_metrics
 from launch.machine import gpu_info, gpu_memory_gib, host_memory_gib, installed_versions, provenance
 from launch.memory_plan import GPU_MEMORY_GIB, default_target, describe, plan_memory
-from launch.resolve import resolve
+from launch.resolve import rendezvous_conf, resolve
 
 # Hang timeout floors (seconds), per profile kind; the watchdog also scales them with the slowest step it sees.
 HANG_FLOOR_S = {"smoke": 60.0, "full": 900.0}
@@ -121,6 +121,20 @@ def loss_sentinel(setup, say=say, model=None) -> dict:
     return {}
 
 
+def rendezvous_wait_line(setup) -> str | None:
+    """Machine rank 0 of a multi-machine run: what its ranks wait for before the first step, and for how long
+    (torchrun's static rendezvous, bounded by --rendezvous-timeout through `rdzv_conf`, launch.resolve)."""
+    o, machines = setup.options, setup.layout.num_machines
+    if machines <= 1 or (o.machine_rank or 0) != 0:
+        return None
+    timeout = rendezvous_conf(setup.accelerate).get("timeout")
+    bound = (f"up to {timeout} s (" + ("--rendezvous-timeout" if "rdzv_conf" in setup.accelerate_overrides
+                                        else "rdzv_conf in the Accelerate config") + ")") if timeout else \
+        "as long as torchrun's default rendezvous timeout"
+    return (f"machine rank 0: training starts once the other {machines - 1} machine(s) have joined at "
+            f"{o.main_process_ip}:{o.main_process_port or 29500}; torchrun waits {bound} for them, then fails")
+
+
 def wait_for_rendezvous(host: str, port: int, timeout: float) -> None:
     """Machine ranks > 0: wait (bounded) until machine rank 0 accepts connections, instead of torchrun's silent wait."""
     say(f"waiting up to {timeout:.0f} s for machine rank 0 at {host}:{port}")
@@ -163,6 +177,10 @@ def launch(options, dry_run: bool = False) -> int:
     say(f"recipe {setup.recipe.name}, profile {setup.profile}")
     if line := rendezvous.describe():
         say(line)
+    if line := rendezvous.process_count_line(setup.layout.world_size, setup.layout.processes_per_machine):
+        say(line)
+    if line := rendezvous_wait_line(setup):
+        say(line)
     if line := rules.skipped_line(setup, facts, report):
         say(line)
     print(setup.layout.describe(), flush=True)
@@ -188,7 +206,8 @@ def launch(options, dry_run: bool = False) -> int:
                 f"The memory plan above does NOT fit its target: {est.gpu_peak_gib:.1f} GiB per GPU of "
                 f"{target.gpu_memory_gib:.1f}" + (f", {est.host_per_node_gib:.1f} GiB of host memory per node of "
                 f"{target.host_memory_gib:.1f}" if (target.host_memory_gib or math.inf) < est.host_per_node_gib
-                                                 else "") + f". {est.advice()} "
+                                                 else "") + ". "
+                f"{est.advice(target.gpu_memory_gib, target.host_memory_gib)} "
                 f"`python -m launch plan {setup.recipe.name} --max-length auto` finds the longest length that fits.")
         if report.machine_problems:  # e.g. an 8-GPU recipe planned on a laptop: the plan is valid
             say("the plan is valid, but this machine could not run it:\n\n" + "\n\n".join(report.machine_problems))
@@ -222,6 +241,7 @@ def _run(setup, cmd, facts, sentinel_env: dict) -> int:
     per_machine = setup.layout.processes_per_machine
     first = (setup.options.machine_rank or 0) * per_machine
     watchdog = supervise.Watchdog(monitor_dir, list(range(first, first + per_machine)), floor)
+    merged_before = folder.merged.is_dir()  # by `launch merge` from an earlier final/ (a resumed run rewrites final/)
     started = time.time()
     rc, stopped_by = supervise.run(cmd, log_path, env=child_env(setup, monitor_dir, sentinel_env), watchdog=watchdog)
     wall = time.time() - started
@@ -277,9 +297,20 @@ def _run(setup, cmd, facts, sentinel_env: dict) -> int:
     if line := tracking.dashboard_line(setup):
         say(line)
     summary["loss_sentinel"] = sentinel.read_verdict(monitor_dir) if sentinel_env else None
+    if merged_before and _written_since(folder.final, started):
+        summary["stale"] = [str(folder.merged)]
+        say(f"{folder.merged} is stale: it was merged from the final/ of the run before this one, and this run has "
+            f"written a new final/. Delete it and merge again: `rm -r {folder.merged} && python -m launch merge "
+            f"{setup.output_dir}`.")
     folder.summary.write_text(json.dumps(summary, indent=2) + "\n")
     say(f"summary: {folder.summary}")
     return status
+
+
+def _written_since(folder: Path, since: float) -> bool:
+    """Whether a file in `folder` was written at or after `since` (a folder's own mtime misses files rewritten in
+    place)."""
+    return folder.is_dir() and any(p.stat().st_mtime >= since for p in folder.rglob("*") if p.is_file())
 
 
 def bench_report(setup, facts, folder: Path) -> dict | None:

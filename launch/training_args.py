@@ -14,6 +14,7 @@ that the rules need are repeated in `checkpointing()` and `_load_json_dicts()`, 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 from dataclasses import dataclass
@@ -187,18 +188,25 @@ def _yaml_type_problem(config_path: Path, key: str, value, action) -> str | None
     return f"{config_path}: `{key}: {value!r}`: expected {_type_name(action)}."
 
 
-_INVALID = re.compile(r"argument (--[\w-]+)[^:]*: invalid (?:(\w+) value|choice): '?([^']*)'?(.*)")
+# argparse: "argument --x: invalid float value: 'fast'" / "invalid choice: 'y' (choose from ...)"; the value is the
+# repr() of what was given, so a value holding quotes is written with the other quote ("'1e-5'" for '1e-5' typed
+# with its quotes): read as a Python string literal, not up to the next quote
+_INVALID = re.compile(r"""argument (--[\w-]+)[^:]*: invalid (?:(\w+) value|choice): """
+                      r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")(.*)""")
 
 
 def _explain(message: str, source: str) -> str:
     m = _INVALID.match(message)
     if m:
-        option, kind, value, rest = m.groups()
+        option, kind, literal, rest = m.groups()
+        value = ast.literal_eval(literal)
         expected = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}.get(kind or "", "")
         if "choose from" in rest:
             expected = "one of " + rest.split("choose from", 1)[1].strip(" ()")
         key = option[2:].replace("-", "_")
-        return f"{source}: `{key}` is {value!r}; expected {expected or 'another value'}."
+        quoted = (" (its quotes are part of the value: the shell passed them on, e.g. from \"'...'\"; give the value "
+                  "without them)") if value[:1] in "'\"" and value[-1:] == value[:1] and len(value) > 1 else ""
+        return f"{source}: `{key}` is {value!r}{quoted}; expected {expected or 'another value'}."
     return f"{source}: {message}."
 
 

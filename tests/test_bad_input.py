@@ -120,7 +120,81 @@ FIXTURES = {
     "train_py_empty": lambda tmp: _broken_script(tmp, lambda t: ""),
     "train_py_missing_module": lambda tmp: _broken_script(tmp, lambda t: t.replace("\nimport ", "\nimport no_such_module_xyz\nimport ", 1)),
     "user_png": lambda tmp: _user_file(tmp, "mine.png"),
+    # issue 36
+    "gpt2_model": lambda tmp: _gpt2_model(tmp),
+    "fsdp2_param_offload": lambda tmp: {"recipe": copy_recipe(tmp, base="fsdp2", accelerate={"fsdp_config": {
+        **_accelerate("fsdp2")["fsdp_config"], "fsdp_offload_params": True}})},
+    "fsdp2_state_dict_type_misspelt": lambda tmp: {"recipe": copy_recipe(tmp, base="fsdp2", accelerate={"fsdp_config": {
+        **_accelerate("fsdp2")["fsdp_config"], "fsdp_state_dict_type": "FULL_STATE_DICTS"}})},
+    "adapter_config_cut": lambda tmp: _lora_run(tmp, lambda final: _cut(final / "adapter_config.json")),
+    "adapter_weights_missing": lambda tmp: _lora_run(tmp, lambda final: (final / "adapter_model.safetensors").unlink()),
+    "adapter_weights_cut": lambda tmp: _lora_run(tmp, lambda final: _cut(final / "adapter_model.safetensors")),
+    "adapter_and_a_base_of_another_size": lambda tmp: {**_lora_run(tmp), "model": _model_of_another_size(tmp)},
 }
+
+
+# ---- issue 36 fixtures ----------------------------------------------------------------------------------------------
+def _accelerate(recipe: str) -> dict:
+    return yaml.safe_load(find_recipe(recipe).accelerate_config_path.read_text())
+
+
+def _gpt2_model(tmp):
+    """A GPT-2 model folder holding only its config.json (a model type outside the Llama-style families: Conv1D
+    layers named attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj)."""
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=2, n_embd=64, n_head=4).save_pretrained(tmp / "gpt2")
+    return {"model": tmp / "gpt2"}
+
+
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+_ADAPTER: dict = {}
+
+
+def _adapter_files() -> dict[str, bytes]:
+    """PEFT's files of a LoRA adapter on the smoke model's architecture (random weights; made once per session)."""
+    if not _ADAPTER:
+        import tempfile
+
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from launch import smoke
+
+        base = smoke.ensure_smoke_assets(progress=lambda *_: None)["model"]
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base))
+        with tempfile.TemporaryDirectory() as folder:
+            peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+            peft.peft_config["default"].base_model_name_or_path = str(base)
+            peft.save_pretrained(folder)
+            _ADAPTER.update({p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()})
+    return _ADAPTER
+
+
+def _lora_run(tmp, damage=lambda final: None) -> dict:
+    """A finished lora run's folder as the launcher leaves it (its identity recorded), its adapter in final/, then
+    `damage(final)`."""
+    out = earlier_run(tmp, run=_identity("lora"))
+    final = outdir.RunFolder(out).final
+    for name, data in _adapter_files().items():
+        (final / name).write_bytes(data)
+    damage(final)
+    return {"out": out}
+
+
+def _model_of_another_size(tmp) -> Path:
+    """The smoke model's architecture at half its hidden size, with (random) weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from launch import smoke
+
+    config = AutoConfig.from_pretrained(smoke.ensure_smoke_assets(progress=lambda *_: None)["model"])
+    config.hidden_size, config.head_dim = config.hidden_size // 2, config.head_dim // 2
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp / "smaller")
+    return tmp / "smaller"
 
 
 def _corrupted_manifest(tmp):
@@ -299,7 +373,7 @@ REFUSED = [
     ("two-machines-no-address", "ddp --smoke --cpu --num-machines 2", "none", 2,
      "--main-process-ip (the address of machine rank 0) is not set"),
     ("machine-rank-outside", "ddp --smoke --cpu --num-machines 2 --machine-rank 3 --main-process-ip 127.0.0.1",
-     "none", 2, "--machine-rank 3 is outside 0..1"),
+     "none", 2, "--machine-rank 3 makes this machine rank 3, but the job has machine ranks 0..1 only"),
     ("rendezvous-unreachable", "ddp --smoke --cpu --num-machines 2 --machine-rank 1 --main-process-ip 127.0.0.1 "
      "--main-process-port {port} --rendezvous-timeout 2 --output-dir {out}", "none", 2,
      "Machine rank 0 at 127.0.0.1:{port} did not answer within 2 s"),
@@ -441,6 +515,44 @@ REFUSED += [
     *([("qlora-on-cpu", "ddp --smoke --cpu --dry-run -- --use_peft true --load_in_4bit true", "none", 2,
         "bitsandbytes' quantized training does not run")] if not quantization_on_cpu_supported() else []),
 ]
+# issue 36: what the ranks refused after loading, what trained nothing and exited 0, and tracebacks
+REFUSED += [
+    ("lora-dropout-above-one", "lora --smoke --cpu -- --lora_dropout 1.5", "none", 2,
+     "lora_dropout is 1.5: it is the probability that LoRA drops each input element"),
+    ("lora-alpha-zero", "lora --smoke --cpu -- --lora_alpha 0", "none", 2,
+     "lora_alpha is 0: LoRA scales its update B A x by lora_alpha / lora_r"),
+    ("quantized-base-without-an-adapter", "ddp --smoke --cpu -- --load_in_4bit true", "none", 2,
+     "load_in_4bit is on but use_peft is off"),
+    ("four-and-eight-bit-together", "lora --smoke --cpu -- --load_in_4bit true --load_in_8bit true", "none", 2,
+     "load_in_4bit and load_in_8bit are both on"),
+    ("lora-targets-not-in-a-gpt2", "lora --smoke --cpu --synthetic --model {model} -- --lora_target_modules q_proj "
+     "v_proj", "gpt2_model", 2, "lora_target_modules ['q_proj', 'v_proj'] match none of the linear layers of {model} "
+     "(PEFT would stop every rank after loading with \"Target modules ... not found in the base model\"). Its linear "
+     "layers are attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj, lm_head"),
+    ("fsdp2-param-offload-on-cpu-without-cp", "{recipe} --smoke --cpu", "fsdp2_param_offload", 2,
+     "fsdp_offload_params: true moves FSDP2's parameters from the accelerator to host memory"),
+    ("fsdp2-mesh-with-nothing-to-shard", "fsdp2-70b --smoke --cpu --num-processes 4 --dp-replicate-size 4 "
+     "--dp-shard-size 1", "none", 2, "no dimension for FSDP to shard across"),
+    ("accelerate-state-dict-type-misspelt", "{recipe} --smoke --cpu", "fsdp2_state_dict_type_misspelt", 2,
+     "`fsdp_config.fsdp_state_dict_type`: 'FULL_STATE_DICTS' is not a valid FSDP_STATE_DICT_TYPE; expected one of "
+     "FULL_STATE_DICT, LOCAL_STATE_DICT, SHARDED_STATE_DICT (did you mean FULL_STATE_DICT"),
+    ("rendezvous-address-does-not-resolve", "ddp --smoke --cpu --num-machines 2 --machine-rank 1 --main-process-ip "
+     "no-such-host.invalid --output-dir {out}", "none", 2, "The address of machine rank 0, 'no-such-host.invalid', "
+     "does not resolve"),
+    ("merge-adapter-config-cut", "merge {out}", "adapter_config_cut", 2,
+     "{out}/final cannot be merged: adapter_config.json is not valid JSON"),
+    ("merge-adapter-weights-missing", "merge {out}", "adapter_weights_missing", 2,
+     "its weights (adapter_model.safetensors) are missing"),
+    ("merge-adapter-weights-cut", "merge {out}", "adapter_weights_cut", 2, "adapter_model.safetensors: truncated"),
+    ("merge-onto-a-base-of-another-size", "merge {out} --base {model}", "adapter_and_a_base_of_another_size", 2,
+     "{out}/final does not fit the base {model}: its weights have another model's shapes (size mismatch"),
+    ("plan-a-gpt2", "plan ddp --model {model}", "gpt2_model", 2,
+     "and a gpt2 model is not one: its linear layers are attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj, lm_head"),
+    ("learning-rate-with-its-quotes", "ddp --smoke --cpu -- --learning_rate '1e-5'", "none", 2,
+     "`learning_rate` is \"'1e-5'\" (its quotes are part of the value"),
+    ("resume-from-final", "ddp --smoke --cpu --output-dir {out} --resume {out}/final", "earlier_run", 2,
+     "{out}/final is the run's final model (or adapter), not a checkpoint: it holds the weights only"),
+]
 ENV_REFUSED = [
     ("min-free-not-a-number", "ddp --smoke --cpu --dry-run", {"LAUNCH_MIN_FREE_MB": "abc"}, 2,
      "LAUNCH_MIN_FREE_MB='abc' is not an integer"),
@@ -457,6 +569,20 @@ ENV_REFUSED = [
     # issue 27: the port's real source is named, not always MASTER_PORT
     ("trainjob-port-out-of-range", "ddp --smoke --cpu --dry-run", {"PET_MASTER_PORT": "99999"}, 2,
      "PET_MASTER_PORT=99999 (from the environment) is not a TCP port"),
+    # issue 36: a machine rank not below the machine count, from any scheduler; SkyPilot's address list with commas
+    ("stray-trainjob-node-rank", "ddp --smoke --cpu --output-dir {out}", {"PET_NODE_RANK": "1"}, 2,
+     "PET_NODE_RANK=1 (from the environment) makes this machine rank 1, but the job has machine ranks 0..0 only"),
+    ("slurm-node-id-beyond-the-allocation", "ddp --smoke --cpu --output-dir {out}",
+     {"SLURM_NNODES": "2", "SLURM_NODEID": "2", "MASTER_ADDR": "127.0.0.1"}, 2,
+     "SLURM_NODEID=2 (from the environment) makes this machine rank 2, but the job has machine ranks 0..1 only "
+     "(machine count SLURM_NNODES=2 (from the environment))"),
+    ("skypilot-node-rank-beyond-the-nodes", "ddp --smoke --cpu --output-dir {out}",
+     {"SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_RANK": "5", "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.2"}, 2,
+     "SKYPILOT_NODE_RANK=5 (from the environment) makes this machine rank 5"),
+    ("skypilot-node-ips-comma-separated", "ddp --smoke --cpu --main-process-port {port} --rendezvous-timeout 2 "
+     "--output-dir {out}", {"SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_RANK": "1",
+                            "SKYPILOT_NODE_IPS": "127.0.0.1,127.0.0.2"}, 2,
+     "Machine rank 0 at 127.0.0.1:{port} did not answer within 2 s"),
 ]
 
 
@@ -504,6 +630,12 @@ def _values(tmp_path, fixture) -> dict:
 @shows(rules.model_folder_loads)
 @shows(rules.output_dir_outside_recipes)
 @shows(rules.model_architecture_valid)
+@shows(rules.lora_alpha_positive)  # issue 36
+@shows(rules.lora_dropout_in_range)
+@shows(rules.quantized_base_needs_adapter)
+@shows(rules.quantization_one_kind)
+@shows(rules.fsdp2_has_a_shard_dimension)
+@shows(rules.rendezvous_address_resolves)
 @pytest.mark.parametrize("case", REFUSED, ids=[c[0] for c in REFUSED])
 def test_bad_input_is_refused_before_anything_starts(case, tmp_path, capsys, no_spawn):
     _id, argv, fixture, status, fragment = case
@@ -522,8 +654,12 @@ def test_bad_environment_variable_is_named(case, tmp_path, capsys, no_spawn, mon
     _id, argv, env, status, fragment = case
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    rc, out, err = _run(argv, _values(tmp_path, "none"), capsys)
-    assert rc == status and fragment in err and "Traceback" not in err, err
+    values = _values(tmp_path, "none")
+    roots = (tmp_path, REPO / "recipes", REPO / "accelerate_configs", REPO / "outputs", REPO / "templates")
+    before = _snapshot(*roots) | {str(p): None for p in REPO.iterdir()}
+    rc, out, err = _run(argv, values, capsys)
+    assert rc == status and fragment.format(**values) in err and "Traceback" not in err, err
+    assert _snapshot(*roots) | {str(p): None for p in REPO.iterdir()} == before, "files were created or changed"
 
 
 def test_ctrl_c_during_the_checks_is_one_line_and_status_130(tmp_path, capsys, no_spawn, monkeypatch):
@@ -715,3 +851,110 @@ def test_sync_scripts_names_a_train_py_that_is_a_folder(tmp_path):
     (tmp_path / "ddp" / "train.py").mkdir()
     with pytest.raises(LaunchError, match=r"ddp/train.py is a folder, not a train script"):
         copies.sync_copies(tmp_path)
+
+
+# ---- issue 36: beside the table ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("extra,fragment", [
+    ("--lora_alpha -16", "lora_alpha is -16: LoRA scales its update B A x by lora_alpha / lora_r"),
+    ("--lora_dropout 1", "a dropout of 1 zeroes the adapter's input at every training step"),
+    ("--lora_dropout -0.1", "lora_dropout is -0.1"),
+])
+def test_lora_alpha_and_dropout_bounds(extra, fragment, tmp_path, capsys, no_spawn):
+    rc, out, err = _run(f"lora --smoke --cpu --dry-run -- {extra}", _values(tmp_path, "none"), capsys)
+    assert rc == 2 and fragment in err, err
+    rc, out, err = _run("lora --smoke --cpu --dry-run -- --lora_alpha 1 --lora_dropout 0", _values(tmp_path, "none"),
+                        capsys)
+    assert rc == 0, err  # the smallest valid values pass
+
+
+def test_every_enum_valued_accelerate_key_is_checked_against_its_upstream_enum(tmp_path):
+    """One table (launch.accelerate_config.ENUMS): for each key, a value of upstream's enum passes (spelled as
+    Accelerate writes it) and a misspelt one is refused with the enum's values; a value Accelerate folds (INDUCTOR,
+    BF16) is not refused by the launch parser's lower-case choices."""
+    from launch import accelerate_config
+
+    for key, enum in accelerate_config.ENUMS.items():
+        fsdp = {"fsdp_version": 1}
+        config = {"distributed_type": "FSDP", "fsdp_config": fsdp}
+        nested = {"fsdp_": "fsdp_config", "dynamo_": "dynamo_config", "fp8_": "fp8_config"}
+        section = next((s for prefix, s in nested.items() if key.startswith(prefix)), None)
+        if key in ("offload_optimizer_device", "offload_param_device", "deepspeed_multinode_launcher"):
+            section = "deepspeed_config"
+        values = enum.values(config)
+        assert values, key
+        for value, refused in ((values[0], False), ("NOT_" + str(values[-1]) + "S", True)):
+            data = {**config, section: {**config.get(section, {}), key: value}} if section else {**config, key: value}
+            found = [p for p in accelerate_config.problems(tmp_path / "a.yaml", data) if f"{key}`" in p]
+            assert bool(found) == refused, (key, value, found)
+            if refused:
+                assert f"is not a valid {enum.name}" in found[0] and str(values[0]) in found[0]
+    folded = {"distributed_type": "MULTI_GPU", "mixed_precision": "BF16",
+              "dynamo_config": {"dynamo_backend": "INDUCTOR"}, "fsdp_config": {"fsdp_sharding_strategy": "full_shard"}}
+    assert accelerate_config.problems(tmp_path / "a.yaml", folded) == []
+
+
+def test_a_slurm_machine_rank_0_says_what_it_waits_for_and_how_long(tmp_path, capsys, no_spawn, monkeypatch):
+    """Machine rank 0 of a 2-node allocation started on one node: torchrun's static rendezvous waits for the other
+    node; the run says so with its bound, --rendezvous-timeout, which reaches torchrun as rdzv_conf timeout."""
+    for k, v in {"SLURM_NNODES": "2", "SLURM_NODEID": "0", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(k, v)
+    rc, out, err = _run("ddp --smoke --cpu --dry-run --num-processes 4 --rendezvous-timeout 120",
+                        _values(tmp_path, "none"), capsys)
+    assert rc == 0, err
+    assert ("machine rank 0: training starts once the other 1 machine(s) have joined at 127.0.0.1:29500; torchrun "
+            "waits up to 120 s (--rendezvous-timeout) for them, then fails") in out
+    assert "--rdzv_conf timeout=120" in out
+
+
+@pytest.mark.parametrize("flag,line", [
+    ("--num-processes 4", "processes: 4 in all (2 per machine) from --num-processes, not PET_NPROC_PER_NODE=auto: a "
+                          "flag wins over the scheduler's variables"),
+    ("", "processes: 2 in all (1 per machine) from the Accelerate config's num_processes: PET_NPROC_PER_NODE=auto "
+         "asks torchrun to count this machine's devices"),
+])
+def test_which_process_count_won_is_said(flag, line, tmp_path, capsys, no_spawn, monkeypatch):
+    for k, v in {"PET_NNODES": "2", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "127.0.0.1",
+                 "PET_NPROC_PER_NODE": "auto"}.items():
+        monkeypatch.setenv(k, v)
+    rc, out, err = _run(f"ddp --smoke --cpu --dry-run {flag}", _values(tmp_path, "none"), capsys)
+    assert rc == 0, err
+    assert line in out
+
+
+def test_a_plan_that_does_not_fit_the_host_names_a_host_term(capsys, no_spawn):
+    rc, out, err = _run("plan zero3-offload --host-memory 8", {}, capsys)
+    assert rc == 1, out + err
+    verdict = next(line for line in out.splitlines() if line.startswith("Verdict:"))
+    assert "The largest host-memory term is offloaded optimizer states" in verdict
+    assert "change offload_optimizer_device" in verdict and "The largest term is" not in verdict  # no GPU term
+
+
+def test_a_resumed_lora_run_says_its_merged_model_is_stale(tmp_path, capsys, monkeypatch):
+    """`merge` wrote RUN_DIR/merged from final/; a --resume of the run writes a new final/: the end of the run and
+    its summary say merged/ is stale, with the command that rebuilds it. The training is replaced by a fake that
+    writes what a finished lora run writes (trainer_state.json, final/ with the adapter's files)."""
+    from launch import supervise
+
+    out = _lora_run(tmp_path)["out"]
+    merged = outdir.RunFolder(out).merged
+    merged.mkdir()
+    (merged / "model.safetensors").write_bytes(b"merged earlier")
+    outdir.record_entry(out, merged.name)
+    steps = json.loads((RECIPES_DIR / "lora" / "expected_metrics.json").read_text())["profiles"]["smoke-cpu"]["steps"]
+
+    def fake_training(cmd, log_path, env=None, watchdog=None, **_):
+        folder = outdir.RunFolder(Path(cmd[cmd.index("--output_dir") + 1]))
+        history = [{"step": i + 1, "loss": loss, "grad_norm": g} for i, (loss, g) in
+                   enumerate(zip(steps["loss"], steps["grad_norm"]))]
+        folder.trainer_state.write_text(json.dumps({"log_history": history}))
+        for name, data in _adapter_files().items():
+            (folder.final / name).write_bytes(data)
+        log_path.write_text("trained\n")
+        return 0, None
+
+    monkeypatch.setattr(supervise, "run", fake_training)
+    rc, stdout, err = _run(f"lora --smoke --cpu --output-dir {out} --resume", {}, capsys)
+    assert rc == 0, stdout + err
+    assert f"{merged} is stale: it was merged from the final/ of the run before this one" in stdout
+    assert f"`rm -r {merged} && python -m launch merge {out}`" in stdout
+    assert json.loads(outdir.RunFolder(out).summary.read_text())["stale"] == [str(merged)]

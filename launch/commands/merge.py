@@ -10,15 +10,20 @@ storage would round the merged weights to 4 bits again).
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
 
 from launch import interrupt
+from launch.checkpoints import complete, file_problem
 from launch.commands import command
 from launch.errors import LaunchError
 from launch.options import Parser
-from launch.outdir import ADAPTER_CONFIG, RunFolder, expand, holder_alive, read_lock, read_manifest, record_entry
+from launch.outdir import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, RunFolder, expand, holder_alive, read_lock, read_manifest,
+                           record_entry)
+
+ADAPTER_WEIGHT_FILES = (ADAPTER_WEIGHTS, "adapter_model.bin")  # PEFT's safetensors file, or its older torch.save one
 from launch.rules import merge_problems
 
 
@@ -70,7 +75,33 @@ def adapter_folder(folder: RunFolder, allow_quantized: bool = False) -> Path:
     if not folder.final_is_adapter:
         raise LaunchError(f"{folder.final} holds no adapter ({ADAPTER_CONFIG} is missing): it is a full fine-tune's "
                           "final model, which plain transformers already loads; there is nothing to merge.")
+    if problem := adapter_files_problem(folder):
+        raise LaunchError(problem)
     return folder.final
+
+
+def adapter_files_problem(folder: RunFolder) -> str | None:
+    """PEFT's adapter files in final/ cut short or missing (issue 36: each was a traceback from PEFT or safetensors
+    after the base had loaded): its config must be a JSON object, its weights whole."""
+    final = folder.final
+    found = []
+    try:
+        config = json.loads((final / ADAPTER_CONFIG).read_text())
+        if not isinstance(config, dict) or "peft_type" not in config:
+            found.append(f"{ADAPTER_CONFIG} is not PEFT's adapter config (no peft_type)")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        found.append(f"{ADAPTER_CONFIG} is not valid JSON ({getattr(e, 'msg', e)}): cut short?")
+    weights = [final / name for name in ADAPTER_WEIGHT_FILES if (final / name).is_file()]
+    if not weights:
+        found.append(f"its weights ({ADAPTER_WEIGHTS}) are missing")
+    found += [f"{w.name}: {msg}" for w in weights if (msg := file_problem(w))]
+    if not found:
+        return None
+    saved = [c for c in folder.checkpoints() if complete(c) and (c / ADAPTER_CONFIG).is_file()]
+    fix = (f"The newest complete checkpoint holds the same kind of files: copy {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} "
+           f"of {saved[-1]} into {final} (the adapter at step {saved[-1].name.rsplit('-', 1)[-1]}), or run the "
+           "training again") if saved else "Run the training again (no complete checkpoint holds an adapter)"
+    return (f"The adapter in {final} cannot be merged: " + "; ".join(found) + f". {fix}.")
 
 
 def merge(final: Path, out: Path, base: str | None = None) -> str:
@@ -79,14 +110,26 @@ def merge(final: Path, out: Path, base: str | None = None) -> str:
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    config = PeftConfig.from_pretrained(str(final))
+    try:
+        config = PeftConfig.from_pretrained(str(final))
+    except (ValueError, TypeError, KeyError) as e:  # a config that is JSON but not PEFT's
+        raise LaunchError(f"{final / ADAPTER_CONFIG} is not a PEFT adapter config PEFT can read ({e}).") from None
     base = base or config.base_model_name_or_path
     try:
         model = AutoModelForCausalLM.from_pretrained(base, revision=config.revision, dtype="auto")
     except OSError as e:
         raise LaunchError(f"The base model {base} (named in {final / ADAPTER_CONFIG}) cannot be loaded ({e}). Pass "
                           "--base with the folder or Hub id of the model the adapter was trained on.") from None
-    merged = PeftModel.from_pretrained(model, str(final)).merge_and_unload()
+    try:
+        merged = PeftModel.from_pretrained(model, str(final)).merge_and_unload()
+    except RuntimeError as e:
+        if "size mismatch" not in str(e):
+            raise
+        first = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), "")
+        raise LaunchError(
+            f"The adapter in {final} does not fit the base {base}: its weights have another model's shapes ({first}). "
+            "An adapter merges only into the base it was trained on (the run's model_name_or_path, recorded in its "
+            "output folder's .launch/manifest.json): pass --base with that model's folder or Hub id.") from None
     interrupt.writing()  # from here a Ctrl-C raises, so that the finally below removes the half-written model
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))

@@ -32,12 +32,12 @@ copies that loading reads before training.
 Calibration (tests/test_memory.py) uses published measurements only, each with its source beside it.
 """
 
-from launch.memory.architecture import Architecture
+from launch.memory.architecture import LAYER_LINEARS, OUTPUT_LAYER, Architecture
 from launch.memory.constants import H100_80GB_GIB
 from launch.memory.estimate import estimate, fits, longest_length
 from launch.memory.report import format_table
 from launch.memory.results import Estimate, Term
 from launch.memory.run_shape import RunShape
 
-__all__ = ["Architecture", "Estimate", "H100_80GB_GIB", "RunShape", "Term", "estimate", "fits", "format_table",
-           "longest_length"]
+__all__ = ["LAYER_LINEARS", "OUTPUT_LAYER", "Architecture", "Estimate", "H100_80GB_GIB", "RunShape", "Term",
+           "estimate", "fits", "format_table", "longest_length"]

@@ -5,7 +5,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launch.adapter import linear_module_names
+from launch.errors import LaunchError
+
+# The nn.Linear modules of one decoder layer of transformers' Llama-style families (LlamaAttention / Qwen2Attention /
+# Qwen3Attention / MistralAttention: `self_attn.{q,k,v,o}_proj`; LlamaMLP and kin: `mlp.{gate,up,down}_proj`), with
+# their parent module: the layer the memory model describes. `launch.memory_plan` checks a model's real layer
+# (launch.meta_model) against these names before planning it.
+LAYER_LINEARS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+                 "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+OUTPUT_LAYER = "lm_head"
+
+
+def linear_module_names(num_layers: int) -> list[str]:
+    """Every nn.Linear's full module name in `AutoModelForCausalLM` of a Llama-style family
+    (`model.layers.N.self_attn.q_proj`, ..., `lm_head`)."""
+    names = [f"model.layers.{n}.{parent}.{suffix}" for n in range(num_layers)
+             for suffix, parent in LAYER_LINEARS.items()]
+    return names + [OUTPUT_LAYER]
+
+
+# What the memory model reads from every config (head_dim, num_key_value_heads and the rest have defaults)
+REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
 def _get(config, key, default=None):
@@ -43,6 +63,14 @@ class Architecture:
             config = config.get_text_config()
         elif isinstance(config, dict) and isinstance(config.get("text_config"), dict):
             config = config["text_config"]
+        # a transformers config answers the names below through its attribute_map (GPT-2's n_embd is hidden_size)
+        missing = [k for k in REQUIRED if _get(config, k) is None]
+        if missing:
+            raise LaunchError(
+                f"The memory model needs {', '.join(missing)} from the model's config, which this "
+                f"{_get(config, 'model_type', 'model')} config does not give: it describes Llama-style decoders "
+                "(Llama, Mistral, Qwen2, Qwen3). Plan a model of such a family, or give those fields in its "
+                "config.json.")
         hidden = int(_get(config, "hidden_size"))
         heads = int(_get(config, "num_attention_heads"))
         kv = _get(config, "num_key_value_heads") or heads
@@ -85,7 +113,7 @@ class Architecture:
                 "down_proj": ("mlp", i, h)}
 
     def linear_module_names(self) -> list[str]:
-        """Every nn.Linear's full module name (`launch.adapter.linear_module_names`): what LoRA targets match."""
+        """Every nn.Linear's full module name (`linear_module_names`): what LoRA targets match."""
         return linear_module_names(self.num_layers)
 
     # ---- parameter counts

@@ -27,7 +27,7 @@ def format_table(est: Estimate, gpu_memory_gib: float, host_memory_gib: float | 
         lines.append(f"  {'total per node':<{w}}  {est.host_per_node_gib:8.2f}  {budget}")
     ok = fits(est, gpu_memory_gib, host_memory_gib)
     verdict = "fits" if ok else "does NOT fit"
-    lines.append(f"Verdict: {verdict}. {est.advice()}")
+    lines.append(f"Verdict: {verdict}. {est.advice(gpu_memory_gib, host_memory_gib)}")
     for note in est.notes:
         lines.append(f"Note: {note}")
     return "\n".join(lines)

@@ -31,7 +31,20 @@ class Estimate:
         counted = [t for t in self.gpu_terms if t.counted and t.gib > 0]
         return max(counted or self.gpu_terms, key=lambda t: t.gib)
 
-    def advice(self) -> str:
-        """The largest term and the setting that would shrink it, in one sentence."""
-        t = self.largest_gpu_term()
-        return f"The largest term is {t.name} ({t.gib:.1f} GiB); to shrink it, change {t.setting}."
+    def largest_host_term(self) -> Term | None:
+        counted = [t for t in self.host_terms if t.counted and t.gib > 0]
+        return max(counted, key=lambda t: t.gib) if counted else None
+
+    def advice(self, gpu_memory_gib: float | None = None, host_memory_gib: float | None = None) -> str:
+        """The largest term of what does not fit and the setting that would shrink it, one sentence each: the GPU's
+        (also when no budget is given), the host's when the node's host memory is over its budget."""
+        host_over = host_memory_gib is not None and self.host_per_node_gib > host_memory_gib
+        gpu_over = gpu_memory_gib is None or self.gpu_peak_gib > gpu_memory_gib or not host_over
+        out = []
+        if gpu_over:
+            t = self.largest_gpu_term()
+            out.append(f"The largest term is {t.name} ({t.gib:.1f} GiB); to shrink it, change {t.setting}.")
+        if host_over and (t := self.largest_host_term()):
+            out.append(f"The largest host-memory term is {t.name} ({t.gib:.1f} GiB per process); to shrink it, change "
+                       f"{t.setting}.")
+        return " ".join(out)
