@@ -129,6 +129,7 @@ FIXTURES = {
     "adapter_config_cut": lambda tmp: _lora_run(tmp, lambda final: _cut(final / "adapter_config.json")),
     "adapter_weights_missing": lambda tmp: _lora_run(tmp, lambda final: (final / "adapter_model.safetensors").unlink()),
     "adapter_weights_cut": lambda tmp: _lora_run(tmp, lambda final: _cut(final / "adapter_model.safetensors")),
+    "adapter_tokenizer_missing": lambda tmp: _lora_run(tmp, lambda final: (final / "tokenizer_config.json").unlink()),
     "adapter_and_a_base_of_another_size": lambda tmp: {**_lora_run(tmp), "model": _model_of_another_size(tmp)},
 }
 
@@ -177,10 +178,14 @@ def _adapter_files() -> dict[str, bytes]:
 def _lora_run(tmp, damage=lambda final: None) -> dict:
     """A finished lora run's folder as the launcher leaves it (its identity recorded), its adapter in final/, then
     `damage(final)`."""
+    from launch import smoke
+
     out = earlier_run(tmp, run=_identity("lora"))
     final = outdir.RunFolder(out).final
     for name, data in _adapter_files().items():
         (final / name).write_bytes(data)
+    for tokenizer_file in Path(smoke.ensure_smoke_assets(progress=lambda *_: None)["model"]).glob("tokenizer*"):
+        shutil.copy(tokenizer_file, final / tokenizer_file.name)  # the run saves the tokenizer beside the adapter
     damage(final)
     return {"out": out}
 
@@ -544,6 +549,8 @@ REFUSED += [
     ("merge-adapter-weights-missing", "merge {out}", "adapter_weights_missing", 2,
      "its weights (adapter_model.safetensors) are missing"),
     ("merge-adapter-weights-cut", "merge {out}", "adapter_weights_cut", 2, "adapter_model.safetensors: truncated"),
+    ("merge-adapter-without-its-tokenizer", "merge {out}", "adapter_tokenizer_missing", 2,
+     "its tokenizer (tokenizer_config.json) is missing"),
     ("merge-onto-a-base-of-another-size", "merge {out} --base {model}", "adapter_and_a_base_of_another_size", 2,
      "{out}/final does not fit the base {model}: its weights have another model's shapes (size mismatch"),
     ("plan-a-gpt2", "plan ddp --model {model}", "gpt2_model", 2,
@@ -927,6 +934,14 @@ def test_a_plan_that_does_not_fit_the_host_names_a_host_term(capsys, no_spawn):
     verdict = next(line for line in out.splitlines() if line.startswith("Verdict:"))
     assert "The largest host-memory term is offloaded optimizer states" in verdict
     assert "change offload_optimizer_device" in verdict and "The largest term is" not in verdict  # no GPU term
+
+
+def test_merge_of_a_whole_adapter_folder_still_merges(tmp_path, capsys):
+    """The checks of the table's merge rows refuse only what is broken: the same folder, whole, merges."""
+    out = _lora_run(tmp_path)["out"]
+    rc, stdout, err = _run(f"merge {out}", {}, capsys)
+    assert rc == 0, err
+    assert (outdir.RunFolder(out).merged / "model.safetensors").is_file()
 
 
 def test_a_resumed_lora_run_says_its_merged_model_is_stale(tmp_path, capsys, monkeypatch):

@@ -24,6 +24,7 @@ from launch.outdir import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, RunFolder, expand, h
                            record_entry)
 
 ADAPTER_WEIGHT_FILES = (ADAPTER_WEIGHTS, "adapter_model.bin")  # PEFT's safetensors file, or its older torch.save one
+TOKENIZER_CONFIG = "tokenizer_config.json"  # what every tokenizer's save_pretrained writes
 from launch.rules import merge_problems
 
 
@@ -95,6 +96,8 @@ def adapter_files_problem(folder: RunFolder) -> str | None:
     if not weights:
         found.append(f"its weights ({ADAPTER_WEIGHTS}) are missing")
     found += [f"{w.name}: {msg}" for w in weights if (msg := file_problem(w))]
+    if not (final / TOKENIZER_CONFIG).is_file():  # the run saves the tokenizer beside the adapter; merge copies it
+        found.append(f"its tokenizer ({TOKENIZER_CONFIG}) is missing")
     if not found:
         return None
     saved = [c for c in folder.checkpoints() if complete(c) and (c / ADAPTER_CONFIG).is_file()]
