@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from accelerate.utils.constants import FSDP_STATE_DICT_TYPE
 from packaging.version import Version
 
 from launch import envvars, hub, meta_model, sections, train_template
@@ -646,9 +647,9 @@ def fsdp2_has_a_shard_dimension(setup, facts: Facts):
 
 
 # ---- FSDP's state-dict type: the final weights must be written (templates/train.py, launch/rank/consolidate.py) ------
-# torch's StateDictType by value (1, 2, 3), as Accelerate's FSDP_STATE_DICT_TYPE lists them; spelled here so that
-# checking a config needs neither import
-STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
+# torch's StateDictType by value (1, 2, 3), in Accelerate's own list (an unknown name is refused earlier, with the
+# Accelerate config's other enum values: launch.accelerate_config)
+STATE_DICT_TYPES = tuple(FSDP_STATE_DICT_TYPE)
 
 
 def fsdp_state_dict_type(accelerate: dict) -> str | None:
@@ -669,20 +670,15 @@ def fsdp_state_dict_type(accelerate: dict) -> str | None:
 
 @rule(doc=(
     "under FSDP, `fsdp_state_dict_type` FULL_STATE_DICT or SHARDED_STATE_DICT",
-    "LOCAL_STATE_DICT: no final weights are written (FSDP2 refuses it in every rank); an unknown name fails in every "
-    "rank"))
+    "LOCAL_STATE_DICT: no final weights are written (FSDP2 refuses it in every rank)"))
 def fsdp_state_dict_type_saves_weights(setup, facts: Facts):
     kind = fsdp_state_dict_type(setup.accelerate)
     if kind in (None, "FULL_STATE_DICT", "SHARDED_STATE_DICT"):
         return None
     path = setup.recipe.accelerate_config_path
-    if kind == "LOCAL_STATE_DICT":
-        why = ("each rank would save only its own flat shard of FSDP1's parameters, which neither transformers' "
-               "save_model nor train.py turns into weights: the run would end with no weights in final/ (and FSDP2 "
-               "refuses LOCAL_STATE_DICT in every rank, after the model has loaded)")
-    else:
-        why = (f"it is not one of torch's StateDictType names ({', '.join(STATE_DICT_TYPES)}): Accelerate fails on it "
-               "in every rank")
+    why = ("each rank would save only its own flat shard of FSDP1's parameters, which neither transformers' "
+           "save_model nor train.py turns into weights: the run would end with no weights in final/ (and FSDP2 "
+           "refuses LOCAL_STATE_DICT in every rank, after the model has loaded)")
     return (f"fsdp_state_dict_type {kind} in {path}: {why}. Use SHARDED_STATE_DICT (every rank writes its shard; at "
             "the end train.py consolidates the shards into safetensors files, a few GB per process at a time) or "
             "FULL_STATE_DICT (the whole model gathered in the first process's host memory at every save).")
