@@ -45,6 +45,14 @@ CPU_TRAINING = {
 CPU_ENV = {"DS_ACCELERATOR": "cpu"}
 
 
+def cpu_env(training: dict) -> dict:
+    """The ranks' environment on CPU for these training arguments: CPU_ENV, and for a bf16 run (QLoRA) the pin of its
+    arithmetic to one code path every x86-64-v3 CPU computes alike (launch/cpu/portable_bf16.py)."""
+    from launch.cpu import portable_bf16
+
+    return {**CPU_ENV, **portable_bf16.rank_env(training)}
+
+
 def cpu_accelerate(accelerate: dict) -> dict:
     """Accelerate overrides for CPU: fp32, and SDPA for Ulysses SP (it must equal the model's attention)."""
     out = {"mixed_precision": "no"}

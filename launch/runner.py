@@ -87,7 +87,7 @@ def child_env(setup, monitor_dir: Path, sentinel_env: dict | None = None) -> dic
     env.update(tracking.env(setup))
     env.update(upstream_warnings.env(env))  # DeepSpeed's and Accelerate's deprecated torch collectives, every step
     if setup.options.cpu:
-        env.update({k: v for k, v in profiles.CPU_ENV.items() if k not in env})  # the user's own setting wins
+        env.update({k: v for k, v in profiles.cpu_env(setup.training).items() if k not in env})  # the user's own wins
     if setup.options.smoke:
         # Smoke runs are offline by construction: the model and the data are local files.
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

@@ -13,15 +13,18 @@ lives in its own module, names the upstream behaviour it works around, and has a
 - deepspeed_shm: DeepSpeed's inference-only shared-memory all-reduce op not compiled at the start of a DeepSpeed run
   (minutes of silence on a first run; tests/test_cpu_deepspeed_shm.py);
 - fast_exit: a rank's interpreter teardown without the garbage collector's passes over every object (1.3 CPU-s per
-  process of a run that trains for under a second; tests/test_cpu_fast_exit.py).
+  process of a run that trains for under a second; tests/test_cpu_fast_exit.py);
+- portable_bf16: a bf16 CPU run (QLoRA) computes bit for bit alike on every x86-64-v3 CPU: oneDNN off in the ranks,
+  ATen's AVX2 kernels and MKL's compatible branch through the ranks' environment (tests/test_cpu_portable_bf16.py).
 """
 
 
 def enable_cpu_path(training_args) -> None:
     """Apply the CPU-only workarounds. Each is inert unless its layout (FSDP2, CP, SP subgroups) is in use."""
     from launch.cpu import (activation_offload, context_parallel, deepspeed_shm, fast_exit, fsdp, gloo_alltoall,
-                            gloo_exit, pinned_offload)
+                            gloo_exit, pinned_offload, portable_bf16)
 
+    portable_bf16.apply()  # first: before any bf16 matmul (only where the launcher pinned the run)
     deepspeed_shm.skip_build()
     fsdp.enable()
     context_parallel.enable()
