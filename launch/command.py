@@ -42,11 +42,17 @@ def code_env(env: dict) -> dict:
 
 
 def display(cmd: list[str]) -> str:
-    """The command as a user would type it."""
+    """The command as a user would type it. From another folder than the checkout's root (its paths are then
+    absolute) it starts with the PYTHONPATH the ranks get (`code_env`): train.py imports `launch.cpu`,
+    `launch.rank.synthetic` and `launch.rank.monitor` from this checkout, which a plain `accelerate launch` started
+    there would not find unless the checkout is installed (and would take from another checkout if that one is)."""
     shown = list(cmd)
     if shown[:3] == [sys.executable, "-m", "accelerate.commands.launch"]:
         shown = ["accelerate launch"] + shown[3:]
-    return " \\\n    ".join(_groups(shown))
+    lines = _groups(shown)
+    if Path.cwd().resolve() != REPO_ROOT.resolve():
+        lines[0] = f"PYTHONPATH={shlex.quote(str(REPO_ROOT))} {lines[0]}"
+    return " \\\n    ".join(lines)
 
 
 def _groups(argv: list[str]) -> list[str]:
