@@ -1,7 +1,8 @@
-"""Profiles: what `--smoke` and `--cpu` change in a recipe's training arguments.
+"""Profiles: what `--smoke`, `--cpu` and a measurement (`--bench`, `--synthetic`) change in a recipe's training arguments.
 
 The GPU path and the CPU path run the same train.py with the same configs; these overrides are the only
-differences: device, precision, attention kernel and model size (plus the few steps of a smoke run).
+differences: device, precision, attention kernel and model size (plus the few steps of a smoke run). A measurement
+saves nothing (`MEASURE_ONLY_TRAINING`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from launch import smoke
 from launch.adapter import Adapter
 from launch.errors import LaunchError
 from launch.constants import CUDA_ONLY_ATTENTION, SP_ATTENTION_KEY
+from launch.switches import is_on
 
 # A smoke run: the tiny offline model and dataset, few steps, a loss and grad_norm logged at every step.
 SMOKE_TRAINING = {
@@ -35,8 +37,15 @@ CPU_TRAINING = {
     "bf16": False,
     "fp16": False,
     "dtype": "float32",
-    "use_liger_kernel": False,
+    "use_liger_kernel": False,  # Liger's kernels are Triton kernels, GPU only (`cpu_notes` says so when it was on)
 }
+
+# A measurement (--bench, --synthetic) keeps nothing in its output folder but its logs, trainer_state.json and summary:
+# no checkpoint (transformers saves one at the last step whenever save_strategy is `steps`, whatever save_steps: a
+# Qwen3-4B ZeRO-3 row's is about 56 GB) and no final weights (train.py's `save_final`). The user's own choice wins:
+# --save-steps N keeps both (`measure_only`), `-- --save_strategy steps` checkpoints, `-- --save_final true` the
+# final weights (both layers come after this one).
+MEASURE_ONLY_TRAINING = {"save_strategy": "no", "save_final": False}
 
 
 # The ranks' environment on CPU: DeepSpeed told, not left to guess, that it runs on its CPU accelerator (the choice
@@ -66,6 +75,18 @@ def cpu_accelerate(accelerate: dict) -> dict:
     if (accelerate.get("parallelism_config") or {}).get(SP_ATTENTION_KEY) in CUDA_ONLY_ATTENTION:
         out[SP_ATTENTION_KEY] = "sdpa"
     return out
+
+
+def measure_only(bench: bool, synthetic: bool, save_steps: int | None) -> dict:
+    """The training arguments that make a --bench or --synthetic run keep nothing (unless --save-steps is given)."""
+    return dict(MEASURE_ONLY_TRAINING) if (bench or synthetic) and save_steps is None else {}
+
+
+def cpu_notes(config: dict, training: dict) -> list[str]:
+    """What the CPU profile turned off that the recipe's config.yaml turned on, one line each."""
+    if is_on(config.get("use_liger_kernel")) and not is_on(training.get("use_liger_kernel")):
+        return ["the CPU profile turns use_liger_kernel off: Liger's kernels are Triton kernels, which run on GPUs only"]
+    return []
 
 
 def profile_name(smoke_run: bool, cpu: bool) -> str:

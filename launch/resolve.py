@@ -46,6 +46,29 @@ class Setup:
         """The output folder's files and checks."""
         return outdir.RunFolder(self.output_dir)
 
+    @property
+    def saves(self) -> str:
+        """What the run keeps in its output folder besides its log, trainer_state.json and summary (`saves_of`)."""
+        return saves_of(self.training)
+
+
+def saves_of(training: dict) -> str:
+    """What the ranks save, from their training arguments: checkpoints as transformers' `save_strategy` says (with
+    `steps` it also saves at the last step, whatever save_steps), and train.py's final model (`save_final`; never for
+    a synthetic run). "nothing" when neither."""
+    kept = []
+    strategy = str(training.get("save_strategy") or "no").lower().rsplit(".", 1)[-1]  # an enum's str: SaveStrategy.NO
+    if strategy != "no":
+        n = float(training.get("save_steps") or 0)
+        steps = f"{n:.0%} of the run's steps" if 0 < n < 1 else f"{n:g} steps"  # below 1: a ratio (transformers)
+        every = {"steps": f"every {steps} and at the last step", "epoch": "every epoch",
+                 "best": "at each new best metric"}.get(strategy, strategy)
+        limit = training.get("save_total_limit")
+        kept.append(f"checkpoints {every} ({f'the last {limit} kept' if limit else 'all kept'})")
+    if training.get("save_final", True) and not training.get("synthetic"):
+        kept.append("the final model in final/")
+    return "; ".join(kept) or "nothing"
+
 
 def _check_numbers(options: Options) -> None:
     """Sizes that would break the plan itself (a negative mesh size gives a negative per-rank length)."""
@@ -88,6 +111,14 @@ def resolve(options: Options, progress=print) -> Setup:
     launcher = _launcher_arguments(options, recipe, output_dir)
     layers = _training_layers(options, recipe, config, recorded, launcher, progress)
     training = merge(make_parser, recipe.config_path, config, layers)
+    if options.cpu:
+        notes += profiles.cpu_notes(config, training)
+    if options.bench or options.synthetic:
+        what = saves_of(training)
+        notes.append(f"saves {what} (asked for)" if what != "nothing" else
+                     "saves nothing: a --synthetic run keeps no checkpoint (--save-steps N keeps them) and never its "
+                     "random weights" if options.synthetic else
+                     "saves nothing: a --bench run keeps no checkpoint and no final weights (--save-steps N keeps both)")
 
     return Setup(
         recipe=recipe,
@@ -234,11 +265,14 @@ def _launcher_arguments(options: Options, recipe: Recipe, output_dir: Path) -> d
 def _training_layers(options: Options, recipe: Recipe, config: dict, recorded: dict, launcher: dict,
                      progress) -> list[Layer]:
     """The training argv after `--config config.yaml`, by source, for the recipe's parser to merge over config.yaml
-    (later layers win, as in the ranks' parser): the smoke/CPU profile's, the recorded smoke invocation's, the
-    user's after `--`, the launcher's. Empty layers are left out."""
+    (later layers win, as in the ranks' parser): the smoke/CPU profile's, a measurement's (--bench, --synthetic:
+    nothing saved), the recorded smoke invocation's, the user's after `--`, the launcher's. Empty layers are left
+    out."""
     layers = [
         Layer("the smoke/CPU profile", profiles.as_argv(profiles.training_overrides(config, options.smoke, options.cpu,
                                                                                   progress=progress))),
+        Layer("--bench/--synthetic (a measurement saves nothing)",
+              profiles.as_argv(profiles.measure_only(options.bench, options.synthetic, options.save_steps))),
         Layer(f"the recorded smoke invocation in {recipe.expected_metrics_path}",
               list(recorded.get("training_args") or [])),
         Layer(AFTER_DASHES, list(options.extra)),

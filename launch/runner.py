@@ -290,6 +290,7 @@ def _run(setup, cmd, facts, sentinel_env: dict) -> int:
         "observed": observed,
         "verdict": verdict,
         "tracking": tracking.summary(setup),
+        "saves": setup.saves,  # what the run keeps besides its logs: checkpoints, final weights, or "nothing"
     }
     summary["bench"] = bench_report(setup, facts, folder.bench)
     # the job's tokens/s after warm-up, all processes together: the figure the bench's console line prints

@@ -46,7 +46,10 @@ def tiny_check(tmp_path_factory):
 
 
 def test_the_tiny_check_runs_end_to_end_on_cpu(tiny_check):
+    from launch.memory import Architecture
+
     proc, root = tiny_check
+    check = load_check()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     stem = f"cpu-tiny-{dt.date.today().isoformat()}"
     report = (root / "results" / f"{stem}.md").read_text()
@@ -96,6 +99,16 @@ def test_the_tiny_check_runs_end_to_end_on_cpu(tiny_check):
         measured, predicted, ratio = row["memory"]["peak RSS per process"]
         assert measured > 0 and predicted > 0 and ratio == pytest.approx(measured / predicted)
         assert (root / "work" / f"{recipe}-tiny-64" / "run_summary.json").is_file()
+        # issue 33: a benchmark keeps nothing but its logs and figures (no checkpoint: transformers saves one at the
+        # last step with save_strategy steps; no final weights), and reports to no tracker
+        folder = root / "work" / f"{recipe}-tiny-64"
+        assert summary["saves"] == "nothing" and summary["tracking"] is None
+        assert "--save_strategy no" in " ".join(summary["command"]) and "--report_to none" in row["command"]
+        assert not [p for p in folder.iterdir() if p.name.startswith("checkpoint-") or p.name == "final"]
+        left = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        weights = 4 * Architecture.from_config(check.TINY_CONFIG).num_params  # one fp32 copy of the tiny model
+        print(f"{recipe}: the run folder holds {left:,} bytes; the model's fp32 weights alone are {weights:,}")
+        assert left < weights, sorted((p.stat().st_size, str(p)) for p in folder.rglob("*") if p.is_file())[-5:]
     assert report.count("| none published | trains |") == 2
     assert "1 process" in report and "0 warm-up + 2 measured steps" in report
     assert "MFU not given: a CPU run has no GPU peak to compare with." in report

@@ -95,3 +95,38 @@ def test_a_synthetic_run_trains_from_config_json_alone(synthetic_run):
     assert abs(logs[0]["loss"] - math.log(TINY["vocab_size"])) < 0.1, logs[0]
     assert "synthetic: Qwen3ForCausalLM" in proc.stdout + proc.stderr
     assert not (out / "final").exists()  # random weights are not saved
+
+
+@pytest.mark.parametrize("option", ["synthetic", "bench"])
+def test_a_measurement_saves_nothing_unless_asked(option, tmp_path, capsys):
+    """Issue 33: a --synthetic or --bench run keeps no checkpoint (transformers saves one at the last step whenever
+    save_strategy is steps, as the GPU configs set it) and no final weights; the dry run says so in one line, the
+    summary under `saves`. --save-steps asks for both, `-- --save_strategy steps` / `-- --save_final true` for one.
+    (The bytes such a run leaves are counted on check.py's runs, tests/test_gpu_check.py.)"""
+    from launch.__main__ import main
+    from launch.options import Options
+    from launch.resolve import resolve
+
+    def setup(**kw):
+        return resolve(Options(recipe="zero3", **{option: True}, **kw), progress=lambda *_: None)
+
+    measured = setup()
+    assert measured.training["save_strategy"] == "no" and measured.training["save_final"] is False
+    assert measured.saves == "nothing"
+    said = {"synthetic": "saves nothing: a --synthetic run keeps no checkpoint (--save-steps N keeps them) and never "
+                         "its random weights",
+            "bench": "saves nothing: a --bench run keeps no checkpoint and no final weights (--save-steps N keeps both)"}
+    assert measured.notes[-1] == said[option]
+    final = "" if option == "synthetic" else "; the final model in final/"  # train.py never saves random weights
+    assert setup(save_steps=50).saves == "checkpoints every 50 steps and at the last step (the last 2 kept)" + final
+    assert setup(save_steps=50).notes[-1] == f"saves {setup(save_steps=50).saves} (asked for)"
+    assert setup(extra=["--save_strategy", "steps"]).saves.startswith("checkpoints every 500 steps")
+    assert setup(extra=["--save_final", "true"]).saves == ("nothing" if option == "synthetic" else
+                                                           "the final model in final/")
+    # the recipe's own settings where the run measures nothing
+    assert resolve(Options(recipe="zero3"), progress=lambda *_: None).saves == (
+        "checkpoints every 500 steps and at the last step (the last 2 kept); the final model in final/")
+    rc = main(["ddp", "--smoke", "--cpu", f"--{option}", "--dry-run", "--output-dir", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0 and f"[launch] {said[option]}\n" in out, out[-3000:]
+    assert "--save_strategy no" in out and "--save_final false" in out

@@ -29,15 +29,15 @@ class RecipeArguments:
     synthetic: bool = field(
         default=False,
         metadata={
-            "help": "Benchmark without inputs: the model's architecture from its config.json with random weights (no "
-            "weights, tokenizer or dataset is read) trained on rows of exactly max_length random tokens, through the "
-            "same SFTTrainer and distributed setup (launch/rank/synthetic.py). The final model is not saved."
+            "help": "Benchmark without inputs (no weights, tokenizer or dataset read): config.json's architecture, "
+            "random weights, rows of max_length random tokens, same SFTTrainer (launch/rank/synthetic.py); no final/."
         },
     )
     synthetic_rows: int | None = field(
         default=None,
         metadata={"help": "Rows of a synthetic run (made when read). Default: enough for max_steps on every process."},
     )
+    save_final: bool = field(default=True, metadata={"help": "Save the final model in OUTPUT_DIR/final (--bench: no)."})
 
 
 def main(script_args, training_args, model_args, dataset_args, recipe_args):
@@ -104,7 +104,7 @@ def main(script_args, training_args, model_args, dataset_args, recipe_args):
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     # trainer_state.json (the per-step log_history) next to the weights, not only inside checkpoints.
     trainer.save_state()
-    if not recipe_args.synthetic:  # a synthetic run's random weights are not worth saving
+    if recipe_args.save_final and not recipe_args.synthetic:  # random weights are not worth saving
         # The tokenizer and, gathered from ZeRO-3 / FSDP shards (or consolidated from them): the full weights, loadable
         # by plain transformers; or, for a LoRA / QLoRA run (`use_peft`), only the adapter in PEFT's files
         # (adapter_config.json, which names the base, and adapter_model.safetensors): load it with PEFT on its base, or
