@@ -44,7 +44,8 @@ from typing import Any, Callable
 
 from launch import pins as pinfiles
 from launch.constants import FLASH_ATTENTION, MESH_KEYS, SP_ATTENTION_KEY
-from launch.machine import NVIDIA_DRIVER_FILE, gpu_driver
+# kernels_requirement and kernels_route live in launch.machine (launch.rules reads them too); used and re-exported here
+from launch.machine import NVIDIA_DRIVER_FILE, gpu_driver, kernels_requirement, kernels_route  # noqa: F401
 from launch.pins import normalize
 from launch.recipes import find_recipe, recipe_names
 
@@ -377,39 +378,6 @@ def check_flash_attn_4(torch_module=None, state: tuple[str | None, str | None] |
             f"flash-attn-4 {version} does not import ({error}): attn_implementation {FLASH_ATTN_4} cannot run; "
             "rebuild the image from requirements/image.lock, or keep attn_implementation: sdpa.")
     return "flash-attn-4", f"{version}, imports; usable as attn_implementation {FLASH_ATTN_4} on this GPU", None
-
-
-def kernels_requirement() -> str | None:
-    """The `kernels` versions the installed transformers uses for its hub route (e.g. `kernels>=0.18.2,<0.19`)."""
-    try:
-        from transformers.dependency_versions_table import deps
-    except Exception:  # noqa: BLE001 - no transformers: nothing uses the route
-        return None
-    return deps.get("kernels")
-
-
-def kernels_route(requirement: str | None = None, installed: str | None = "?") -> tuple[bool, str]:
-    """(usable, why): transformers maps flash_attention_2/3/4 to Hub kernels (kernels-community/...) only when the
-    `kernels` package is installed at a version its requirement accepts."""
-    import importlib.metadata
-
-    from packaging.requirements import Requirement
-
-    requirement = kernels_requirement() if requirement is None else requirement
-    if installed == "?":
-        try:
-            installed = importlib.metadata.version("kernels")
-        except importlib.metadata.PackageNotFoundError:
-            installed = None
-    if not requirement:
-        return False, "transformers names no kernels requirement"
-    if installed is None:
-        return False, (f"not available: transformers needs {requirement}, which is not installed (PyPI had no such "
-                       "release when the locks were made); FlashAttention without a compile comes from flash-attn-4")
-    if not Requirement(requirement).specifier.contains(installed, prereleases=True):
-        return False, f"not available: kernels {installed} is installed, transformers needs {requirement}"
-    return True, (f"kernels {installed} (transformers needs {requirement}): kernels are fetched from the Hub at first "
-                  "use and read from HF_HOME afterwards")
 
 
 def check_kernels_route(requirement: str | None = None, installed: str | None = "?") -> Check:

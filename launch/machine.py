@@ -1,8 +1,9 @@
 """What this machine has: installed package versions, GPUs, GPU and host memory, the torch build, CPU and driver,
-and what the code runs from (the git revision, the image).
+what optional settings need here, and what the code runs from (the git revision, the image).
 
 Probes only, each failing soft (a broken CUDA setup reads as no GPU and the caller says so). Used by `doctor`, the
-run's preflight (`runner`), the run summary and the recorded environment (`judge`), and the bench.
+run's preflight (`runner`; `rules` for the optional packages: the kernels hub route, bitsandbytes' CUDA library, the
+tools DeepSpeed's JIT ops are built with), the run summary and the recorded environment (`judge`), and the bench.
 """
 
 from __future__ import annotations
@@ -29,6 +30,84 @@ def installed_versions(names=REPORTED) -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             out[name] = None
     return out
+
+
+# ---- probes of what an optional setting needs here (issue 33; read by launch.rules, each only when its setting is on)
+def jit_build_tools() -> dict[str, str | None]:
+    """What compiling a C++ extension at first use needs (`torch.utils.cpp_extension.load`, through which DeepSpeed
+    builds its JIT ops), each found (where) or None: the `ninja` binary on PATH (torch runs `ninja`, found on the PATH
+    the ranks inherit from the launcher), the C++ compiler (`$CXX`, default `c++`) and Python's headers (Python.h)."""
+    import shutil
+    import sysconfig
+
+    header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    return {"ninja": shutil.which("ninja"), "a C++ compiler": shutil.which(os.environ.get("CXX", "c++")),
+            "Python's headers (Python.h)": str(header) if header.is_file() else None}
+
+
+def deepspeed_prebuilt_ops() -> tuple[set[str], str | None]:
+    """(the DeepSpeed ops built when it was installed (DS_BUILD_OPS=1; the image builds none), the accelerator they
+    were built for): DeepSpeed loads such an op without a compile when the run's accelerator is that one
+    (deepspeed 0.19.8 op_builder/builder.py `OpBuilder.load`). Read from its generated git_version_info_installed.py,
+    not imported: importing deepspeed costs seconds and picks an accelerator."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("deepspeed")
+        text = (Path(spec.origin).parent / "git_version_info_installed.py").read_text()
+        values = {node.targets[0].id: ast.literal_eval(node.value) for node in ast.parse(text).body
+                  if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+    except (AttributeError, TypeError, OSError, SyntaxError, ValueError):  # not installed, or from a source checkout
+        return set(), None
+    built = {name for name, done in (values.get("installed_ops") or {}).items() if done}
+    return built, values.get("accelerator_name")
+
+
+def bitsandbytes_cuda_problem() -> str | None:
+    """Why bitsandbytes' CUDA library cannot be used in this process (None: it loaded, or torch sees no CUDA GPU).
+    bitsandbytes 0.50.2 does not fail at import when it cannot load its CUDA library (cextension.py keeps the error in
+    a stand-in library); the first quantized layer raises it. Loading it starts no CUDA context."""
+    try:
+        from bitsandbytes import cextension
+    except Exception as e:  # noqa: BLE001 - any import failure is the answer
+        return f"bitsandbytes does not import ({type(e).__name__}: {e})"
+    if cextension.BNB_BACKEND != "CUDA" or not isinstance(cextension.lib, cextension.ErrorHandlerMockBNBNativeLibrary):
+        return None
+    return f"its CUDA library does not load ({str(cextension.lib.error_msg).strip().splitlines()[0]})"
+
+
+def kernels_requirement() -> str | None:
+    """The `kernels` versions the installed transformers uses for its hub route (e.g. `kernels>=0.18.2,<0.19`)."""
+    try:
+        from transformers.dependency_versions_table import deps
+    except Exception:  # noqa: BLE001 - no transformers: nothing uses the route
+        return None
+    return deps.get("kernels")
+
+
+def kernels_route(requirement: str | None = None, installed: str | None = "?") -> tuple[bool, str]:
+    """(usable, why): transformers maps flash_attention_2/3/4 to Hub kernels (kernels-community/...) only when the
+    `kernels` package is installed at a version its requirement accepts."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    requirement = kernels_requirement() if requirement is None else requirement
+    if installed == "?":
+        try:
+            installed = importlib.metadata.version("kernels")
+        except importlib.metadata.PackageNotFoundError:
+            installed = None
+    if not requirement:
+        return False, "transformers names no kernels requirement"
+    if installed is None:
+        return False, (f"not available: transformers needs {requirement}, which is not installed (PyPI had no such "
+                       "release when the locks were made); FlashAttention without a compile comes from flash-attn-4")
+    if not Requirement(requirement).specifier.contains(installed, prereleases=True):
+        return False, f"not available: kernels {installed} is installed, transformers needs {requirement}"
+    return True, (f"kernels {installed} (transformers needs {requirement}): kernels are fetched from the Hub at first "
+                  "use and read from HF_HOME afterwards")
 
 
 def gpu_info() -> tuple[int, list[str]]:

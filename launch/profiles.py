@@ -1,4 +1,5 @@
-"""Profiles: what `--smoke`, `--cpu` and a measurement (`--bench`, `--synthetic`) change in a recipe's training arguments.
+"""Profiles: what `--smoke`, `--cpu` and a measurement (`--bench`, `--synthetic`) change in a recipe's training
+arguments.
 
 The GPU path and the CPU path run the same train.py with the same configs; these overrides are the only
 differences: device, precision, attention kernel and model size (plus the few steps of a smoke run). A measurement
@@ -85,7 +86,7 @@ def measure_only(bench: bool, synthetic: bool, save_steps: int | None) -> dict:
 def cpu_notes(config: dict, training: dict) -> list[str]:
     """What the CPU profile turned off that the recipe's config.yaml turned on, one line each."""
     if is_on(config.get("use_liger_kernel")) and not is_on(training.get("use_liger_kernel")):
-        return ["the CPU profile turns use_liger_kernel off: Liger's kernels are Triton kernels, which run on GPUs only"]
+        return ["the CPU profile turns use_liger_kernel off: Liger's kernels are Triton kernels, which need a GPU"]
     return []
 
 

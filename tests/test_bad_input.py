@@ -669,6 +669,56 @@ def test_bad_environment_variable_is_named(case, tmp_path, capsys, no_spawn, mon
     assert _snapshot(*roots) | {str(p): None for p in REPO.iterdir()} == before, "files were created or changed"
 
 
+# ---- issue 33: a setting whose package this machine lacks (launch.rules' optional-package rules) -------------------
+# (id, argv, what this machine is made to lack, message fragment). A package of launch.machine.REPORTED is faked not
+# installed through the launcher's version lookup (launch.runner's installed_versions); a build tool of DeepSpeed's
+# JIT ops (launch.machine.jit_build_tools) faked not found, with no op prebuilt. The kernels hub route, FlashAttention's
+# fallback, is faked unusable (the CPU lock has no `kernels` either). GPU rows run on this GPU-less machine too: their
+# message comes with enough_gpus'.
+MISSING_PACKAGE = [
+    ("liger-without-liger-kernel", "ddp --smoke --cpu -- --use_liger_kernel true", ("liger-kernel",),
+     "`use_liger_kernel: true` (the training arguments after `--`) needs liger-kernel, which is not installed here"),
+    ("report-to-trackio-without-trackio", "ddp --smoke --cpu", ("trackio",),
+     "`report_to: trackio` (the smoke/CPU profile) needs trackio, which is not installed here"),
+    ("qlora-without-bitsandbytes", "qlora-fsdp --output-dir {out}", ("bitsandbytes",),
+     "quantizes the base model with bitsandbytes, which is not installed here"),
+    ("flash-attention-2-without-flash-attn", "ddp --output-dir {out} -- --attn_implementation flash_attention_2",
+     ("flash-attn",), "`attn_implementation: flash_attention_2` (the training arguments after `--`) needs the "
+     "flash-attn package or, when it is missing, a build of the Hugging Face kernels hub"),
+    ("flash-attention-4-without-flash-attn-4", "ddp --output-dir {out} -- --attn_implementation flash_attention_4",
+     ("flash-attn-4",), "Install it (`pip install flash-attn-4[cu13]=="),
+    ("offloaded-optimizer-without-ninja", "zero3-offload --smoke --cpu", ("ninja",),
+     "so DeepSpeed runs Adam with its cpu_adam op, which this DeepSpeed did not build when installed and compiles at "
+     "the first step; the compile needs ninja, which this machine lacks"),
+]
+
+
+@shows(rules.liger_kernel_installed)
+@shows(rules.trackio_installed)
+@shows(rules.bitsandbytes_usable)
+@shows(rules.flash_attention_installed)
+@shows(rules.deepspeed_cpu_adam_buildable)
+@pytest.mark.parametrize("case", MISSING_PACKAGE, ids=[c[0] for c in MISSING_PACKAGE])
+def test_a_setting_whose_package_is_missing_is_refused_before_start(case, tmp_path, capsys, no_spawn, monkeypatch):
+    from launch import machine, runner
+
+    _id, argv, lacking, fragment = case
+    versions = machine.installed_versions()
+    monkeypatch.setattr(runner, "installed_versions", lambda *a, **k: {**versions, **{p: None for p in lacking
+                                                                                       if p in versions}})
+    tools = machine.jit_build_tools()
+    monkeypatch.setattr(rules, "jit_build_tools", lambda: {k: None if k in lacking else v for k, v in tools.items()})
+    monkeypatch.setattr(rules, "deepspeed_prebuilt_ops", lambda: (set(), None))
+    monkeypatch.setattr(rules, "kernels_route", lambda *a: (False, "faked unusable"))
+    values = _values(tmp_path, "none")
+    roots = (tmp_path, REPO / "recipes", REPO / "outputs")
+    before = _snapshot(*roots)
+    rc, out, err = _run(argv, values, capsys)
+    assert rc == 2, f"exit {rc}\n{out[-2000:]}\n{err[-2000:]}"
+    assert fragment.format(**values) in err and "Traceback" not in err + out, err[-3000:]
+    assert _snapshot(*roots) == before, "files were created or changed"
+
+
 def test_ctrl_c_during_the_checks_is_one_line_and_status_130(tmp_path, capsys, no_spawn, monkeypatch):
     from launch import runner
 

@@ -639,3 +639,116 @@ def test_the_fsdp2_and_adapter_recipes_pass_their_rules(name, model):
     report = rules.check(resolve(Options(recipe=name, main_process_ip="10.0.0.1" if name == "fsdp2-70b" else None)),
                          facts(config))
     assert report.problems == [] and report.skipped == [], (report.problems, report.skipped)
+
+
+# ---- issue 33: a setting whose package this machine lacks is refused before start ----------------------------------
+def _lacking(*packages, **kw):
+    """The fake 8-GPU machine (every package at its pin) without `packages`."""
+    return facts(versions={**PINNED, **{p: None for p in packages}}, **kw)
+
+
+def _pin(name: str) -> str:
+    """The version requirements/pins.txt chooses (the locks the messages read agree with it: `doctor` checks)."""
+    from launch.pins import read_pins
+
+    return read_pins()[name]
+
+
+@shows(rules.liger_kernel_installed)
+def test_liger_without_liger_kernel_is_refused_and_the_cpu_profile_says_it_turns_liger_off(tmp_path):
+    setup = resolve(Options(recipe="ddp", extra=["--use_liger_kernel", "true"]))
+    msg = rules.liger_kernel_installed(setup, _lacking("liger-kernel"))
+    assert msg.startswith("`use_liger_kernel: true` (the training arguments after `--`) needs liger-kernel, which is "
+                          "not installed here: every rank would load the model and then stop with an ImportError")
+    assert f"`pip install liger-kernel=={_pin('liger-kernel')}`" in msg and "`-- --use_liger_kernel false`" in msg
+    assert rules.liger_kernel_installed(setup, facts()) is None
+    assert rules.liger_kernel_installed(resolve(Options(recipe="ddp")), _lacking("liger-kernel")) is None
+    # a recipe that turns Liger on: on CPU the profile turns it off, says so in one line, and nothing is refused
+    folder = make_recipe(tmp_path, base="ddp", config={"use_liger_kernel": True})
+    cpu = resolve(Options(recipe=str(folder), smoke=True, cpu=True), progress=lambda *_: None)
+    assert cpu.training["use_liger_kernel"] is False
+    assert rules.liger_kernel_installed(cpu, _lacking("liger-kernel")) is None
+    assert cpu.notes == ["the CPU profile turns use_liger_kernel off: Liger's kernels are Triton kernels, which need "
+                         "a GPU"]
+    assert resolve(Options(recipe="ddp", smoke=True, cpu=True), progress=lambda *_: None).notes == []
+
+
+@shows(rules.trackio_installed)
+def test_trackio_named_without_trackio_is_refused_and_report_to_none_tracks_nothing():
+    from launch import tracking
+
+    setup = resolve(Options(recipe="ddp"))
+    msg = rules.trackio_installed(setup, _lacking("trackio"))
+    assert msg.startswith(f"`report_to: trackio` ({setup.recipe.config_path}) needs trackio, which is not installed "
+                          "here: every rank would stop when the Trainer is built")
+    assert f"`pip install trackio=={_pin('trackio')}`" in msg and "`-- --report_to none`" in msg
+    assert rules.trackio_installed(setup, facts()) is None
+    for off in ("none", "all"):  # `all`: the trackers installed, whichever they are
+        assert rules.trackio_installed(resolve(Options(recipe="ddp", extra=["--report_to", off])),
+                                       _lacking("trackio")) is None
+    # with report_to none the launcher tracks nothing: no store for the ranks, no tracking in the summary
+    none = resolve(Options(recipe="ddp", synthetic=True, bench=True, extra=["--report_to", "none"]))
+    assert tracking.env(none) == {} and tracking.summary(none) is None and tracking.dashboard_line(none) is None
+
+
+@shows(rules.bitsandbytes_usable)
+def test_a_quantized_base_needs_bitsandbytes_and_its_cuda_library(monkeypatch):
+    qlora = resolve(Options(recipe="qlora-fsdp"))
+    msg = rules.bitsandbytes_usable(qlora, _lacking("bitsandbytes"))
+    assert msg.startswith(f"`load_in_4bit: true` ({qlora.recipe.config_path}) quantizes the base model with "
+                          "bitsandbytes, which is not installed here")
+    assert f"`pip install bitsandbytes=={_pin('bitsandbytes')}`" in msg and "`-- --load_in_4bit false`" in msg
+    broken = "its CUDA library does not load (libnvJitLink.so.13: cannot open shared object file)"
+    monkeypatch.setattr(rules, "bitsandbytes_cuda_problem", lambda: broken)
+    msg = rules.bitsandbytes_usable(qlora, facts())
+    assert f"bitsandbytes {_pin('bitsandbytes')}, and {broken}: every rank would stop" in msg
+    assert f"`pip install --force-reinstall bitsandbytes=={_pin('bitsandbytes')}`" in msg
+    assert rules.bitsandbytes_usable(qlora, facts(gpu_count=0)) is None  # no GPU here: enough_gpus says so
+    # on CPU the CPU rule decides (launch.adapter.quantization_on_cpu_supported)
+    assert rules.bitsandbytes_usable(resolve(Options(recipe="qlora-fsdp", smoke=True, cpu=True),
+                                             progress=lambda *_: None), _lacking("bitsandbytes")) is None
+    monkeypatch.setattr(rules, "bitsandbytes_cuda_problem", lambda: None)
+    assert rules.bitsandbytes_usable(qlora, facts()) is None
+
+
+@shows(rules.flash_attention_installed)
+def test_flash_attention_needs_its_package_or_the_kernels_hub(monkeypatch):
+    monkeypatch.setattr(rules, "kernels_route", lambda: (False, "not available: kernels is not installed"))
+
+    def check(attn, *lacking, cpu=False):
+        setup = resolve(Options(recipe="ddp", smoke=cpu, cpu=cpu, extra=["--attn_implementation", attn]),
+                        progress=lambda *_: None)
+        return rules.flash_attention_installed(setup, _lacking(*lacking))
+
+    msg = check("flash_attention_2", "flash-attn")
+    assert msg.startswith("`attn_implementation: flash_attention_2` (the training arguments after `--`) needs the "
+                          "flash-attn package or, when it is missing, a build of the Hugging Face kernels hub (the "
+                          "`kernels` package, not available: kernels is not installed); neither is here")
+    assert f"`pip install --no-build-isolation flash-attn=={_pin('flash-attn')}`" in msg
+    assert msg.endswith("SDPA, which every recipe runs: `-- --attn_implementation sdpa`.")
+    assert f"`pip install flash-attn-4[cu13]=={_pin('flash-attn-4')}`" in check("flash_attention_4", "flash-attn-4")
+    assert "needs a build of the Hugging Face kernels hub" in check("kernels-community/flash-attn3")
+    assert check("flash_attention_2") is None and check("sdpa", "flash-attn") is None
+    assert check("flash_attention_2", "flash-attn", cpu=True) is None  # the CPU profile runs it as sdpa
+    monkeypatch.setattr(rules, "kernels_route", lambda: (True, "kernels 0.18.2"))
+    assert check("flash_attention_2", "flash-attn") is None  # transformers falls back to the hub's build
+
+
+@shows(rules.deepspeed_cpu_adam_buildable)
+def test_an_offloaded_optimizer_needs_deepspeeds_cpu_adam_buildable(monkeypatch):
+    setup = resolve(Options(recipe="zero3-offload"))
+    # here (and in CI, whose zero3-offload smoke run compiles it) the tools are found
+    assert rules.deepspeed_cpu_adam_buildable(setup, facts()) is None
+    monkeypatch.setattr(rules, "jit_build_tools", lambda: {"ninja": None, "a C++ compiler": "/usr/bin/c++",
+                                                           "Python's headers (Python.h)": "/usr/include/Python.h"})
+    monkeypatch.setattr(rules, "deepspeed_prebuilt_ops", lambda: (set(), "cuda"))
+    msg = rules.deepspeed_cpu_adam_buildable(setup, facts())
+    assert msg.startswith(f"The Accelerate config offloads the optimizer to the CPU (offload_optimizer_device in "
+                          f"{setup.recipe.accelerate_config_path}), so DeepSpeed runs Adam with its cpu_adam op")
+    assert "the compile needs ninja, which this machine lacks" in msg
+    assert f"(ninja: `pip install ninja=={_pin('ninja')}`)" in msg and "`offload_optimizer_device: none`" in msg
+    assert rules.deepspeed_cpu_adam_buildable(resolve(Options(recipe="zero3")), facts()) is None  # no offload
+    monkeypatch.setattr(rules, "deepspeed_prebuilt_ops", lambda: ({"cpu_adam"}, "cuda"))
+    assert rules.deepspeed_cpu_adam_buildable(setup, facts()) is None  # built at install for this accelerator
+    monkeypatch.setattr(rules, "deepspeed_prebuilt_ops", lambda: ({"cpu_adam"}, "cpu"))
+    assert "which this machine lacks" in rules.deepspeed_cpu_adam_buildable(setup, facts())

@@ -115,7 +115,8 @@ def test_a_measurement_saves_nothing_unless_asked(option, tmp_path, capsys):
     assert measured.saves == "nothing"
     said = {"synthetic": "saves nothing: a --synthetic run keeps no checkpoint (--save-steps N keeps them) and never "
                          "its random weights",
-            "bench": "saves nothing: a --bench run keeps no checkpoint and no final weights (--save-steps N keeps both)"}
+            "bench": "saves nothing: a --bench run keeps no checkpoint and no final weights (--save-steps N keeps "
+                     "both)"}
     assert measured.notes[-1] == said[option]
     final = "" if option == "synthetic" else "; the final model in final/"  # train.py never saves random weights
     assert setup(save_steps=50).saves == "checkpoints every 50 steps and at the last step (the last 2 kept)" + final

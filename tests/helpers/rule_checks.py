@@ -10,9 +10,12 @@ import yaml
 
 from launch import hub, rules
 from launch.doctor import read_pins
+from launch.machine import REPORTED
 from launch.recipes import RECIPES_DIR, find_recipe
 
-PINNED = {name: read_pins()[name] for name in ("torch", "transformers", "accelerate", "deepspeed", "trl", "datasets")}
+# The versions of the fake machine: every package the launcher looks up (launch.machine.REPORTED), at its pin, as in the
+# image (the optional packages a setting needs included: launch.rules' optional-package rules)
+PINNED = {name: read_pins()[name] for name in REPORTED}
 
 
 def make_recipe(tmp_path, base="zero3", config=None, accelerate=None, name="my-recipe"):
