@@ -67,11 +67,20 @@ def deepspeed_prebuilt_ops() -> tuple[set[str], str | None]:
 def bitsandbytes_cuda_problem() -> str | None:
     """Why bitsandbytes' CUDA library cannot be used in this process (None: it loaded, or torch sees no CUDA GPU).
     bitsandbytes 0.50.2 does not fail at import when it cannot load its CUDA library (cextension.py keeps the error in
-    a stand-in library); the first quantized layer raises it. Loading it starts no CUDA context."""
+    a stand-in library); the first quantized layer raises it. Loading it starts no CUDA context. Its import-time
+    message about an optional Hub kernel for its CPU backend (`kernels`, not installed) is kept out, as
+    launch.image_checks.bitsandbytes_roundtrip does (launch.upstream_imports says why)."""
+    import logging
+
+    cpu_ops = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    level = cpu_ops.level
+    cpu_ops.setLevel(logging.ERROR)
     try:
         from bitsandbytes import cextension
     except Exception as e:  # noqa: BLE001 - any import failure is the answer
         return f"bitsandbytes does not import ({type(e).__name__}: {e})"
+    finally:
+        cpu_ops.setLevel(level)
     if cextension.BNB_BACKEND != "CUDA" or not isinstance(cextension.lib, cextension.ErrorHandlerMockBNBNativeLibrary):
         return None
     return f"its CUDA library does not load ({str(cextension.lib.error_msg).strip().splitlines()[0]})"
