@@ -7,7 +7,9 @@ from __future__ import annotations
 
 # Attention kernels (transformers' `attn_implementation` values).
 FLASH_ATTENTION = ("flash_attention_2", "flash_attention_3", "kernels-community/vllm-flash-attn3")
-CUDA_ONLY_ATTENTION = FLASH_ATTENTION  # no CPU kernel: the CPU profile switches them to SDPA
+# no CPU kernel: the CPU profile switches them to SDPA (flash_attention_4: transformers 5.23 runs it on compute
+# capability >= 9 only)
+CUDA_ONLY_ATTENTION = (*FLASH_ATTENTION, "flash_attention_4")
 SP_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")  # what DeepSpeed's Ulysses attention accepts
 CP_ATTENTION = "sdpa"  # torch's ring attention dispatches SDPA only
 

@@ -85,12 +85,9 @@ def machine_build(host: pinfiles.HostLock, installed: dict) -> str | None:
             + f"; {same} as locked" + (f"; not installed: {', '.join(absent)}" if absent else ""))
 
 
-def liger_problem() -> str | None:
-    try:
-        import liger_kernel  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        return f"the recipe sets use_liger_kernel but liger-kernel does not import ({type(e).__name__}: {e})."
-    return None
+# The rules of launch.rules that doctor checks itself, with this machine's versions (`doctor RECIPE` adds the rest of
+# the run's preflight, less these)
+DOCTOR_RULES = (rules.version_floors, rules.enough_gpus, rules.liger_kernel_installed)
 
 
 def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, out=print, installed=None,
@@ -152,11 +149,8 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
     if setup is not None:
         facts = rules.Facts(versions=versions, gpu_count=gpu_count)
         out(f"recipe         {setup.recipe.name}: {setup.layout.strategy}, features: {', '.join(rules.features(setup)) or 'none'}")
-        for fn in (rules.version_floors, rules.enough_gpus):
+        for fn in DOCTOR_RULES:
             if msg := fn(setup, facts):
-                problems.append(msg)
-        if not setup.options.cpu and setup.training.get("use_liger_kernel"):
-            if msg := liger_problem():
                 problems.append(msg)
     problems += list(preflight)  # the run's own preflight (launch.rules), for `doctor RECIPE`
     for p in problems:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from launch import rules, runner
 from launch.commands import command
-from launch.doctor import run_doctor
+from launch.doctor import DOCTOR_RULES, run_doctor
 from launch.envvars import doctor_at_start
 from launch.options import Options, Parser, add_options, values_from
 from launch.resolve import resolve
@@ -25,11 +25,10 @@ def main(argv: list[str]) -> int:
 
 def preflight(setup) -> list[str]:
     """The problems the run's preflight finds (the rules of launch.rules, as `python -m launch RECIPE` checks them):
-    a layout the run refuses is not `doctor: ok`. Less the two run_doctor checks itself, and the inputs (model and
+    a layout the run refuses is not `doctor: ok`. Less those run_doctor checks itself (DOCTOR_RULES), and the inputs (model and
     dataset found and loadable): doctor checks a machine, often before the data is there."""
     if setup is None:
         return []
     facts = runner.gather_facts(setup)
-    own = {fn(setup, facts) for fn in (rules.version_floors, rules.enough_gpus, rules.model_and_data_found,
-                                       rules.model_folder_loads)}
+    own = {fn(setup, facts) for fn in (*DOCTOR_RULES, rules.model_and_data_found, rules.model_folder_loads)}
     return [m for m in rules.check(setup, facts).all if m not in own]
