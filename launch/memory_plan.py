@@ -10,6 +10,7 @@ model's config.json (`launch.hub`: a local folder, the hub cache, or the hub whe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, replace
 
@@ -131,6 +132,8 @@ class MemoryPlan:
             "target": {"gpus_per_node": self.target.gpus_per_node, "nodes": self.target.nodes,
                        "gpu_memory_gib": self.target.gpu_memory_gib, "host_memory_gib": self.target.host_memory_gib},
             "largest_term": est.largest_gpu_term().name,
+            "precision": {**dataclasses.asdict(self.run.precision),
+                          "bytes_per_trainable_param": self.run.precision.bytes_per_param},
             "advice": est.advice(self.target.gpu_memory_gib, self.target.host_memory_gib),
             "notes": est.notes,
         }

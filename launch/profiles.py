@@ -32,14 +32,15 @@ SMOKE_TRAINING = {
     "dataset_num_proc": 1,
 }
 
-# On CPU: fp32, PyTorch's SDPA kernel (FlashAttention is CUDA-only), no Triton kernels (Liger).
+# On CPU: PyTorch's SDPA kernel (FlashAttention is CUDA-only), no Triton kernels (Liger), no fp16 (no CPU autocast for
+# it in Accelerate), and fp32 (CPU_FP32) unless the run asks for bf16 after `--` (`-- --bf16 true`): then the recipe's
+# own load dtype and bf16 autocast (torch's CPU autocast; DeepSpeed's bf16 module, FSDP2's param_dtype), as on a GPU.
 CPU_TRAINING = {
     "use_cpu": True,
-    "bf16": False,
     "fp16": False,
-    "dtype": "float32",
     "use_liger_kernel": False,  # Liger's kernels are Triton kernels, GPU only (`cpu_notes` says so when it was on)
 }
+CPU_FP32 = {"bf16": False, "dtype": "float32"}
 
 # A measurement (--bench, --synthetic) keeps nothing in its output folder but its logs, trainer_state.json and summary:
 # no checkpoint (transformers saves one at the last step whenever save_strategy is `steps`, whatever save_steps: a
@@ -56,16 +57,18 @@ CPU_ENV = {"DS_ACCELERATOR": "cpu"}
 
 
 def cpu_env(training: dict) -> dict:
-    """The ranks' environment on CPU for these training arguments: CPU_ENV, and for a bf16 run (QLoRA) the pin of its
-    arithmetic to one code path every x86-64-v3 CPU computes alike (launch/cpu/portable_bf16.py)."""
+    """The ranks' environment on CPU for these training arguments: CPU_ENV, and for a bf16 run (QLoRA, or any run
+    given `-- --bf16 true`) the pin of its arithmetic to one code path every x86-64-v3 CPU computes alike
+    (launch/cpu/portable_bf16.py)."""
     from launch.cpu import portable_bf16
 
     return {**CPU_ENV, **portable_bf16.rank_env(training)}
 
 
-def cpu_accelerate(accelerate: dict) -> dict:
-    """Accelerate overrides for CPU: fp32, and SDPA for Ulysses SP (it must equal the model's attention)."""
-    out = {"mixed_precision": "no"}
+def cpu_accelerate(accelerate: dict, bf16: bool = False) -> dict:
+    """Accelerate overrides for CPU: fp32 (bf16 for a run that asks for it), and SDPA for Ulysses SP (it must equal
+    the model's attention)."""
+    out = {"mixed_precision": "bf16" if bf16 else "no"}
     fsdp = accelerate.get("fsdp_config") or {}
     if accelerate.get("distributed_type") == "FSDP" and int(fsdp.get("fsdp_version") or 1) == 1:
         # FSDP1's sync_module_states (which cpu_ram_efficient_loading turns on) broadcasts rank 0's weights from an
@@ -94,7 +97,10 @@ def profile_name(smoke_run: bool, cpu: bool) -> str:
     return f"{'smoke' if smoke_run else 'full'}-{'cpu' if cpu else 'gpu'}"
 
 
-def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print) -> dict:
+def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print, bf16: bool = False) -> dict:
+    """The profile's training arguments. `bf16`: the run computes in bf16 (a GPU run's default; on CPU only when asked
+    for with `-- --bf16 true`): a smoke run then loads the smoke model's bf16 copy (`smoke.ensure_bf16_model`), as a
+    real run loads a bf16 checkpoint, so that a recipe loading it in fp32 and one loading it in bf16 start equal."""
     out: dict = {}
     if smoke_run:
         try:
@@ -105,9 +111,9 @@ def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print)
                 f"is under RECIPES_CACHE ({smoke.cache_root()}, default ~/.cache/llm-recipes). Set RECIPES_CACHE to "
                 "a folder you can write to, e.g. `RECIPES_CACHE=/tmp/llm-recipes`.") from None
         out.update(SMOKE_TRAINING)
-        out["model_name_or_path"] = assets["model"]
+        out["model_name_or_path"] = smoke.ensure_bf16_model(progress=progress) if bf16 else assets["model"]
         out["dataset_name"] = assets["data"]
-        out["dtype"] = "bfloat16" if not cpu else "float32"
+        # the recipe's own load dtype (its precision: fp32 masters or not, launch.precision), fp32 on CPU (CPU_FP32)
         if config.get("join_documents_min_chars"):  # the smoke data are chats, not documents to join
             out["join_documents_min_chars"] = 0
         if Adapter.from_training(config) is not None:
@@ -116,10 +122,12 @@ def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print)
             out["lora_dropout"] = 0.0
     if cpu:
         out.update(CPU_TRAINING)
+        if not bf16:
+            out.update(CPU_FP32)
         if config.get("load_in_4bit"):
-            # QLoRA stays in bf16 on CPU: TRL's SFTTrainer casts a quantized model's LoRA weights to bf16 (trl 1.16
-            # trainer/sft_trainer.py, after get_peft_model), and FSDP1 flattens one dtype per unit, so the base's
-            # load dtype and 4-bit storage follow (bf16 without autocast: bf16 and fp16 stay off).
+            # QLoRA's base stays in bf16 on CPU: FSDP1 flattens one dtype per unit, so the 4-bit storage and the
+            # base's other weights (norms, embeddings) share one dtype, the recipe's (bf16 without autocast unless
+            # the run asks for it).
             out["dtype"] = "bfloat16"
             if config.get("bnb_4bit_quant_storage"):
                 out["bnb_4bit_quant_storage"] = "bfloat16"

@@ -57,11 +57,13 @@ def fits_on(folder: Path) -> str:
         f" (most of it: {biggest.name})" if biggest is not None and est.host_per_node_gib >= 16 else "")
     verdict = "fits" if plan.fits else "DOES NOT FIT"
     machines = f"{target.nodes} machines x " if target.nodes > 1 else ""
+    precision = plan.run.precision
+    masters = f"fp32 masters: {precision.master}" if precision.master else "pure 16-bit, no fp32 masters"
     return (f"**Fits on** ({verdict}; predicted by `python -m launch plan` for this folder, not measured): "
             f"{machines}{target.gpus_per_node} x 80 GB GPUs ({target.gpu_memory_gib:g} GiB each) with "
             f"{est.gpu_peak_gib:.1f} GiB per GPU at max_length {plan.max_length:,} ({est.per_rank_length:,} tokens per "
-            f"rank; largest term: {est.largest_gpu_term().name}){host}; the longest max_length that fits: "
-            f"{longest:,}.\n")
+            f"rank; largest term: {est.largest_gpu_term().name}; {precision.bytes_per_param} bytes per trained "
+            f"parameter, {masters}){host}; the longest max_length that fits: {longest:,}.\n")
 
 
 # name -> function(recipe folder) -> the block's text

@@ -12,12 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launch import REPO_ROOT, accelerate_config, checkpoints, outdir, profiles, tracking
+from launch.adapter import Adapter
+from launch.precision import Precision, mixed_precision
 from launch.constants import MESH_KEYS
 from launch.errors import LaunchError
 from launch.results.expected import profile_entry
 from launch.layout import Layout
 from launch.options import Options
 from launch.recipes import Recipe, find_recipe
+from launch.switches import is_on
 from launch.training_args import AFTER_DASHES, Checkpointing, Layer, checkpointing, explicit_keys, merge
 
 
@@ -32,6 +35,7 @@ class Setup:
     training: dict  # every training field as the ranks will parse it: config.yaml < profile < overrides
     layers: list[Layer]  # the argv after `--config config.yaml`, by source
     layout: Layout  # strategy, ZeRO stage, mesh, batch: built once here, read by the rules, the plan and the memory model
+    precision: Precision  # load dtype, mixed precision, where the fp32 masters live: resolved once here (launch.precision)
     checkpointing: Checkpointing  # activation checkpointing as the ranks get it (its two names resolved once)
     explicit: dict  # training key -> where it was given (config.yaml or a layer); the rest are defaults
     output_dir: Path
@@ -101,15 +105,15 @@ def resolve(options: Options, progress=print) -> Setup:
     invocation = _invocation(options, recipe.accelerate, recorded, num_processes, mesh)
     if changed:
         notes.append(_layout_change(invocation, recorded))
-    accel_overrides = _accelerate_overrides(options, recipe.accelerate, num_processes, mesh)
-    accelerate = _with_overrides(recipe.accelerate, accel_overrides)
-
     make_parser = recipe.load_train_module().make_parser
     # The recipe's own values are checked as written, even where the smoke profile replaces them.
     own = merge(make_parser, recipe.config_path, config, [Layer(AFTER_DASHES, list(options.extra))])
+    bf16 = _computes_in_bf16(options, recipe.accelerate, own)
+    accel_overrides = _accelerate_overrides(options, recipe.accelerate, num_processes, mesh, bf16)
+    accelerate = _with_overrides(recipe.accelerate, accel_overrides)
     output_dir = _output_dir(options, own, recipe, config, profile)
     launcher = _launcher_arguments(options, recipe, output_dir)
-    layers = _training_layers(options, recipe, config, recorded, launcher, progress)
+    layers = _training_layers(options, recipe, config, recorded, launcher, progress, bf16)
     training = merge(make_parser, recipe.config_path, config, layers)
     if options.cpu:
         notes += profiles.cpu_notes(config, training)
@@ -119,6 +123,7 @@ def resolve(options: Options, progress=print) -> Setup:
                      "saves nothing: a --synthetic run keeps no checkpoint (--save-steps N keeps them) and never its "
                      "random weights" if options.synthetic else
                      "saves nothing: a --bench run keeps no checkpoint and no final weights (--save-steps N keeps both)")
+    layout = Layout.from_configs(accelerate, training)
 
     return Setup(
         recipe=recipe,
@@ -129,7 +134,9 @@ def resolve(options: Options, progress=print) -> Setup:
         accelerate_overrides=accel_overrides,
         training=training,
         layers=layers,
-        layout=Layout.from_configs(accelerate, training),
+        layout=layout,
+        precision=Precision.resolve(layout.kind, accelerate, training, Adapter.from_training(training),
+                                    device="cpu" if options.cpu else "gpu", sp=layout.sp),
         checkpointing=checkpointing(training),
         explicit=explicit_keys(recipe.config_path, config, layers),
         output_dir=output_dir,
@@ -203,7 +210,17 @@ def _invocation(options: Options, accelerate: dict, recorded: dict, num_processe
 
 # --- step 2: the Accelerate config with this run's overrides ----------------------------------------------------------
 
-def _accelerate_overrides(options: Options, accelerate: dict, num_processes: int | None, mesh: dict) -> dict:
+def _computes_in_bf16(options: Options, accelerate: dict, own: dict) -> bool:
+    """Whether the run computes in bf16: on a GPU as its config and the arguments after `--` say (SFTConfig's `bf16`
+    defaults to true unless fp16); on CPU only when asked for after `--` (`-- --bf16 true`): the CPU profile trains
+    in fp32 otherwise, whatever config.yaml says for the GPU."""
+    if options.cpu:
+        return "bf16" in _keys(options.extra) and is_on(own.get("bf16"))
+    return mixed_precision(accelerate, own) == "bf16"
+
+
+def _accelerate_overrides(options: Options, accelerate: dict, num_processes: int | None, mesh: dict,
+                          bf16: bool = False) -> dict:
     """{accelerate launch flag name: value}: the process count, the machines, the mesh sizes and the CPU profile's."""
     overrides: dict = {}
     if num_processes:
@@ -226,7 +243,7 @@ def _accelerate_overrides(options: Options, accelerate: dict, num_processes: int
     for name, size in mesh.items():
         overrides[MESH_KEYS[name]] = int(size)
     if options.cpu:
-        overrides.update(profiles.cpu_accelerate(accelerate))
+        overrides.update(profiles.cpu_accelerate(accelerate, bf16))
     return overrides
 
 
@@ -263,14 +280,14 @@ def _launcher_arguments(options: Options, recipe: Recipe, output_dir: Path) -> d
 # --- step 4: the merge ------------------------------------------------------------------------------------------------
 
 def _training_layers(options: Options, recipe: Recipe, config: dict, recorded: dict, launcher: dict,
-                     progress) -> list[Layer]:
+                     progress, bf16: bool = False) -> list[Layer]:
     """The training argv after `--config config.yaml`, by source, for the recipe's parser to merge over config.yaml
     (later layers win, as in the ranks' parser): the smoke/CPU profile's, a measurement's (--bench, --synthetic:
     nothing saved), the recorded smoke invocation's, the user's after `--`, the launcher's. Empty layers are left
     out."""
     layers = [
-        Layer("the smoke/CPU profile", profiles.as_argv(profiles.training_overrides(config, options.smoke, options.cpu,
-                                                                                  progress=progress))),
+        Layer("the smoke/CPU profile", profiles.as_argv(profiles.training_overrides(
+            config, options.smoke, options.cpu, progress=progress, bf16=bf16))),
         Layer("--bench/--synthetic (a measurement saves nothing)",
               profiles.as_argv(profiles.measure_only(options.bench, options.synthetic, options.save_steps))),
         Layer(f"the recorded smoke invocation in {recipe.expected_metrics_path}",

@@ -184,6 +184,7 @@ def launch(options, dry_run: bool = False) -> int:
     if line := rules.skipped_line(setup, facts, report):
         say(line)
     print(setup.layout.describe(), flush=True)
+    print(setup.precision.describe(), flush=True)
     if setup.layout.max_length:
         covered, source = rules.rope_coverage(setup, facts.model_config)
         print(f"positions                {covered:,} covered by {source}" if covered else

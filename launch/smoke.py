@@ -170,5 +170,44 @@ def ensure_smoke_assets(progress=print) -> dict[str, str]:
     return {"model": str(model_dir()), "data": str(data_dir())}
 
 
+def bf16_model_dir() -> Path:
+    return smoke_dir() / "model-bf16"
+
+
+def ensure_bf16_model(progress=print) -> str:
+    """Build (once) and return a copy of the smoke model whose weights are stored in bf16: what a bf16 smoke run
+    loads (launch.profiles), as real checkpoints are bf16. A run that loads it in fp32 (the ddp recipe's fp32 masters)
+    and one that loads it in bf16 (ZeRO, FSDP2) then start from the same weights; from the fp32 smoke model they
+    would not (bf16 rounds them). Same tokenizer and config, `dtype` bfloat16."""
+    target = bf16_model_dir()
+    if (target / "COMPLETE").exists():
+        return str(target)
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    source = Path(ensure_smoke_assets(progress=progress)["model"])
+    progress(f"writing the smoke model's bf16 copy in {target}")
+    tmp = Path(tempfile.mkdtemp(prefix=".build-bf16-", dir=target.parent))
+    try:
+        for f in source.iterdir():
+            if f.suffix == ".safetensors":
+                save_file({k: v.to(torch.bfloat16) for k, v in load_file(f).items()}, tmp / f.name,
+                          metadata={"format": "pt"})
+            elif f.name == "config.json":
+                config = json.loads(f.read_text())
+                (tmp / f.name).write_text(json.dumps({**config, "dtype": "bfloat16"}, indent=2))
+            else:
+                shutil.copy2(f, tmp / f.name)
+        (tmp / "COMPLETE").write_text("")
+        try:
+            tmp.rename(target)
+        except OSError:  # another process won the race; its copy is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
 if __name__ == "__main__":
     print(json.dumps(ensure_smoke_assets(), indent=2))

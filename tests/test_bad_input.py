@@ -72,6 +72,7 @@ FIXTURES = {
     "mixed_precison": lambda tmp: {"recipe": copy_recipe(tmp, accelerate={"mixed_precison": "bf16"})},
     "multi_gpuu": lambda tmp: {"recipe": copy_recipe(tmp, accelerate={"distributed_type": "MULTI_GPUU"})},
     "zero_stag": lambda tmp: {"recipe": copy_recipe(tmp, accelerate={"deepspeed_config": {"zero_stag": 3}})},
+    "ddp_loaded_in_bf16": lambda tmp: {"recipe": copy_recipe(tmp, base="ddp", config={"dtype": "bfloat16"})},
     "fsdp_activation_checkpointing": lambda tmp: {"recipe": copy_recipe(tmp, base="ring-cp-2gpu", accelerate={
         "fsdp_config": {"fsdp_version": 2, "fsdp_activation_checkpointing": True}})},
     "earlier_run": lambda tmp: {"out": earlier_run(tmp)},
@@ -372,6 +373,13 @@ REFUSED = [
      "does not use 3 processes"),
     ("cp-and-sp-together", "ring-cp-2gpu --smoke --cpu --num-processes 4 --sp-size 2", "none", 2,
      "mutually exclusive"),
+    # precision (issue 34): pure bf16 where Adam's updates round away, on the GPU profile and in a CPU bf16 run
+    ("pure-bf16-ddp", "{recipe} --dry-run", "ddp_loaded_in_bf16", 2,
+     "This run trains pure bfloat16: `dtype: bfloat16` ("),
+    ("pure-bf16-on-cpu", "ddp --smoke --cpu --dry-run -- --bf16 true --dtype bfloat16", "none", 2,
+     "at learning_rate 0.003 every update of the weights near 1.0 (the RMSNorm scales) is lost"),
+    ("fp16-on-cpu", "ddp --smoke --cpu --dry-run -- --fp16 true --bf16 false", "none", 2,
+     "fp16 mixed precision was asked for a CPU run"),
     ("fsdp-with-activation-checkpointing", "{recipe} --smoke --cpu -- --activation_checkpointing true",
      "fsdp_activation_checkpointing", 2, "cannot both be on"),
     # multi-node

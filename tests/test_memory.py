@@ -236,6 +236,51 @@ def test_calibration_against_published_measurements():
             assert r["bound"] == "at least" and r["predicted"] >= r["published"], r
 
 
+# GPU-MEASURED.md (the repository's own first GPU figures): one NVIDIA H100 80GB HBM3, 2026-11-27, torch 2.11.0+cu130,
+# accelerate 1.15.0, transformers 5.23.0, trl 1.16.0, peft 0.21.2; benchmarks/gpu/check.py's throughput rows at main
+# e8d8fc4: `python -m launch RECIPE --num-processes 1 --bench --synthetic --model docs/model_configs/MODEL --
+# --max_length L --logging_steps 1 [--use_liger_kernel true]`; torch.cuda.max_memory_allocated in GiB.
+# (model, recipe, max_length, Liger, peak allocated GiB). The ddp rows ran the recipe as it then was: the model loaded in
+# bf16 under DDP, pure bf16 (issue 34); the planner is checked against them at that precision.
+GPU_MEASURED = [("Qwen3-0.6B", "ddp", 2048, False, 5.15), ("Qwen3-1.7B", "ddp", 2048, False, 13.93),
+                ("Qwen3-1.7B", "ddp", 2048, True, 13.56), ("Qwen3-1.7B", "fsdp2", 2048, False, 26.87),
+                ("Qwen3-4B", "fsdp2", 4096, False, 62.07), ("Qwen3-8B", "lora", 4096, False, 21.45)]
+MEASURED_AS_PURE_BF16 = ["--dtype", "bfloat16", "--pure_bf16", "true"]  # the ddp recipe's precision when measured
+
+
+def _measured_row_plan(model: str, recipe: str, length: int, liger: bool, precision_args=()):
+    from launch.memory_plan import Target, plan_memory
+    from launch.options import Options
+    from launch.resolve import resolve
+
+    extra = ["--max_length", str(length), "--logging_steps", "1", *(["--use_liger_kernel", "true"] if liger else []),
+             *precision_args]
+    setup = resolve(Options(recipe=recipe, num_processes=1, synthetic=True, extra=extra,
+                            model=str(REPO / "docs" / "model_configs" / f"Qwen--{model}")), progress=lambda *_: None)
+    return setup, plan_memory(setup, Target(1, 1, H100))
+
+
+@pytest.mark.parametrize("row", GPU_MEASURED, ids=[f"{r[0]}-{r[1]}{'-liger' if r[3] else ''}" for r in GPU_MEASURED])
+def test_gpu_measured_rows_within_5_percent(row):
+    """The planner's peak allocated memory for each GPU-MEASURED row, at the precision the row ran with, within 5%
+    (issue 34: the rows whose precision did not change). The ddp rows were pure bf16; the recipe now loads fp32 and
+    its plan grows by the 8 bytes per parameter of the fp32 weights, gradients and Adam states (not yet measured)."""
+    model, recipe, length, liger, measured = row
+    setup, plan = _measured_row_plan(model, recipe, length, liger, MEASURED_AS_PURE_BF16 if recipe == "ddp" else ())
+    assert plan.estimate.allocated_peak_gib == pytest.approx(measured, rel=0.05)
+    assert not setup.precision.pure_16bit or recipe == "ddp"
+    if recipe == "ddp":
+        fixed_setup, fixed = _measured_row_plan(model, recipe, length, liger)
+        assert setup.precision.bytes_per_param == 8 and fixed_setup.precision.bytes_per_param == 16
+        states = terms.model_state_bytes(fixed.arch, fixed.run)
+        assert states["params_gpu"] == states["grads_gpu"] == 4 * fixed.arch.num_params
+        assert states["optim_gpu"] == 8 * fixed.arch.num_params
+        # one process: no DDP buckets; the fp32 states add 8 bytes per parameter, the rest is the same activations
+        # and the autocast copies of the decoder's linear weights
+        added = fixed.estimate.allocated_peak_gib - plan.estimate.allocated_peak_gib
+        assert added == pytest.approx(8 * fixed.arch.num_params / GIB, rel=0.1)
+
+
 def test_blog_figures_need_the_optimizer_on_the_gpu():
     """Why the blog rows are modelled without optimizer offload: with it, the 1-GPU run at 8K would need well under
     half of the 76.4 GB it reported; without it the model is within 1%."""
@@ -370,6 +415,55 @@ def test_ddp_bf16_model_trains_pure_bf16():
     assert terms.comm_buffer_bytes(TOY, run, "layer") == 2 * TOY_P  # reducer buckets: a second copy of the grads
 
 
+def test_ddp_fp32_load_keeps_fp32_masters_and_autocast_copies():
+    """The ddp recipe since issue 34: loaded in fp32 under bf16 autocast, the parameters are the fp32 masters (4 + 4 +
+    8 bytes, fp32 buckets); autocast caches a bf16 copy of every decoder linear weight through the forward, and the
+    checkpointed backward recomputes one layer's."""
+    run = toy_run(kind="ddp", zero_stage=None, world_size=4, mesh=mesh(dp_replicate=4), weights_dtype="float32")
+    s = terms.model_state_bytes(TOY, run)
+    assert s["params_gpu"] == s["grads_gpu"] == 4 * TOY_P and s["optim_gpu"] == 8 * TOY_P
+    assert terms.comm_buffer_bytes(TOY, run, "layer") == 4 * TOY_P
+    matmul = TOY.matmul_params_per_layer
+    assert terms.autocast_weight_copy_bytes(TOY, run, "loss") == 2 * TOY.num_layers * matmul
+    assert terms.autocast_weight_copy_bytes(TOY, run, "layer") == 2 * matmul
+    assert terms.autocast_weight_copy_bytes(TOY, replace(run, gradient_checkpointing=False), "layer") == \
+        2 * TOY.num_layers * matmul  # saved by each layer's matmuls for its backward
+    # nothing to copy where the weights reach autocast in bf16 already (pure bf16, ZeRO's module, FSDP's param_dtype)
+    for other in (toy_run(kind="ddp", zero_stage=None, world_size=1, mesh=mesh()), toy_run(),
+                  toy_run(kind="fsdp2", zero_stage=None)):
+        assert terms.autocast_weight_copy_bytes(TOY, other, "loss") == 0
+    est = estimate(TOY, run)
+    assert any(t.name == "autocast's 16-bit copies of the fp32 weights" for t in est.gpu_terms)
+
+
+def test_precision_per_strategy():
+    """launch.precision's reading, per strategy (bytes per trainable parameter: weight + gradient + master + Adam)."""
+    from launch.precision import MASTER_DEEPSPEED, MASTER_FSDP1, MASTER_FSDP2, MASTER_PARAMETERS, Precision
+
+    def read(p: Precision) -> tuple:
+        return p.trainable_dtype, p.master, p.bytes_per_param, p.reduce_dtype
+
+    assert read(Precision.of("ddp", "float32", "bf16")) == ("float32", MASTER_PARAMETERS, 16, "float32")
+    assert read(Precision.of("ddp", "bfloat16", "bf16")) == ("bfloat16", None, 8, "bfloat16")
+    assert Precision.of("single", "bfloat16", "bf16").pure_16bit and Precision.of("ddp", "float16", "no").pure_16bit
+    assert read(Precision.of("deepspeed", "bfloat16", "bf16")) == ("bfloat16", MASTER_DEEPSPEED, 16, "bfloat16")
+    assert read(Precision.of("deepspeed", "float32", "bf16")) == ("bfloat16", MASTER_DEEPSPEED, 16, "bfloat16")
+    assert read(Precision.of("fsdp2", "bfloat16", "bf16")) == ("float32", MASTER_FSDP2, 16, "bfloat16")
+    assert read(Precision.of("fsdp1", "bfloat16", "bf16")) == ("float32", MASTER_FSDP1, 16, "bfloat16")
+    assert Precision.of("fsdp2", "bfloat16", "no").pure_16bit  # no upcast without mixed precision
+    # adapters: PEFT's fp32; TRL's bf16 for a quantized base, upcast again by Accelerate under FSDP1 + mixed precision
+    assert read(Precision.of("ddp", "bfloat16", "bf16", lora())) == ("float32", MASTER_PARAMETERS, 16, "float32")
+    qlora = lora(load_in_4bit=True, bnb_4bit_quant_storage="bfloat16")
+    assert read(Precision.of("fsdp1", "bfloat16", "bf16", qlora)) == ("float32", MASTER_FSDP1, 16, "bfloat16")
+    assert read(Precision.of("fsdp1", "bfloat16", "no", qlora)) == ("bfloat16", None, 8, "bfloat16")
+    assert read(Precision.of("fsdp2", "bfloat16", "bf16", qlora)) == ("bfloat16", None, 8, "bfloat16")
+    assert read(Precision.of("deepspeed", "bfloat16", "bf16", lora())) == ("bfloat16", MASTER_DEEPSPEED, 16,
+                                                                          "bfloat16")
+    # the run shape's precision is the same reading
+    run = toy_run(kind="ddp", zero_stage=None, world_size=1, mesh=mesh(), weights_dtype="float32")
+    assert run.precision == Precision.of("ddp", "float32", "bf16") and run.act_bytes == 2
+
+
 def test_gathered_parameters():
     run = toy_run()
     # ZeRO-3: max(max_live_parameters, LM head + 2 layers) 16-bit elements, capped at the model
@@ -388,7 +482,7 @@ def test_communication_buffers():
     assert terms.comm_buffer_bytes(TOY, run, "layer") == 2 * (1000 + 1000)  # + the reduce-scatter cat
     assert terms.comm_buffer_bytes(TOY, toy_run(zero_stage=2, reduce_bucket_size=1000), "layer") == 2 * (1000 + 592)
     assert terms.comm_buffer_bytes(TOY, toy_run(kind="fsdp2", zero_stage=None), "layer") == 2 * 2 * 592
-    cpu = toy_run(device="cpu")  # only touched pages: at most the gradients
+    cpu = toy_run(device="cpu", weights_dtype="float32", mixed_precision="no")  # the CPU profile: fp32; only touched pages
     assert terms.comm_buffer_bytes(TOY, cpu, "loss") == 4 * TOY_P
 
 
@@ -805,7 +899,9 @@ def test_from_configs_on_every_recipe(name):
     layout = run.layout
     assert layout.world_size == r["accelerate"]["num_processes"]
     assert math.prod(layout.mesh.values()) == layout.world_size
-    assert run.weights_dtype == "bfloat16" and run.mixed_precision == "bf16" and run.gradient_checkpointing
+    assert run.weights_dtype == r["training"]["dtype"] and run.mixed_precision == "bf16" and run.gradient_checkpointing
+    # issue 34: every full fine-tune and every adapter updates fp32 masters (no recipe trains pure bf16 by accident)
+    assert run.precision.master is not None and run.precision.bytes_per_param == 16, run.precision
     assert layout.max_length == r["training"]["max_length"]
     assert layout.per_device_train_batch_size == r["training"]["per_device_train_batch_size"]
     expected = {"ddp": ("ddp", None), "zero1": ("deepspeed", 1), "zero2": ("deepspeed", 2),

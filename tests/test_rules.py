@@ -109,10 +109,57 @@ def test_floors_cover_the_parallelism_features():
 
 
 @shows(rules.precision_fits_device)
-def test_bf16_on_cpu_is_refused():
-    setup = resolve(Options(recipe="ddp", smoke=True, cpu=True, extra=["--bf16", "true"]))
+def test_fp16_on_cpu_is_refused_and_bf16_is_allowed():
+    setup = resolve(Options(recipe="ddp", smoke=True, cpu=True, extra=["--fp16", "true", "--bf16", "false"]))
     [msg] = messages(setup)
-    assert "bf16/fp16 mixed precision was asked for a CPU run" in msg
+    assert "fp16 mixed precision was asked for a CPU run" in msg and "`-- --bf16 true`" in msg
+    # bf16 on CPU: torch's CPU autocast, the recipe's own load dtype (ddp: fp32 masters), the smoke model's bf16 copy
+    setup = resolve(Options(recipe="ddp", smoke=True, cpu=True, extra=["--bf16", "true"]))
+    assert messages(setup) == []
+    assert setup.training["bf16"] is True and setup.training["dtype"] == "float32"
+    assert setup.training["model_name_or_path"].endswith("model-bf16")
+    assert setup.accelerate["mixed_precision"] == "bf16"
+    assert (setup.precision.mixed, setup.precision.trainable_dtype) == ("bf16", "float32")
+    # the default CPU profile stays fp32: the recorded smoke metrics are fp32
+    setup = resolve(Options(recipe="ddp", smoke=True, cpu=True))
+    assert (setup.training["bf16"], setup.training["dtype"], setup.precision.mixed) == (False, "float32", "no")
+    assert not setup.training["model_name_or_path"].endswith("model-bf16")
+
+
+@shows(rules.pure_16bit_update_rounds_away)
+def test_pure_bf16_where_updates_round_away_is_refused(tmp_path):
+    # the ddp recipe as it was before issue 34: the model loaded in bf16 under DDP, `bf16: true` only autocasts
+    old = make_recipe(tmp_path, base="ddp", config={"dtype": "bfloat16"})
+    [msg] = messages(resolve(Options(recipe=str(old))))
+    assert msg.startswith("This run trains pure bfloat16: `dtype: bfloat16` (")
+    assert "at learning_rate 2e-05 every update of the weights near 1.0 (the RMSNorm scales) is lost" in msg
+    assert "half a step there is 0.0039" in msg and "`dtype: float32` in config.yaml" in msg
+    assert "set `pure_bf16: true`" in msg
+    # the opt-in; a learning rate whose updates do not round away at 1.0 (>= 2^-8); the recipe as shipped (fp32)
+    assert messages(resolve(Options(recipe=str(old), extra=["--pure_bf16", "true"]))) == []
+    assert messages(resolve(Options(recipe=str(old), extra=["--learning_rate", "0.004"]))) == []
+    assert messages(resolve(Options(recipe="ddp"))) == []
+    # the strategies that keep fp32 masters of a bf16 load are not concerned
+    for name in ("zero1", "zero3", "fsdp2"):
+        assert not resolve(Options(recipe=name)).precision.pure_16bit, name
+    # fp16 has 3 more significand bits: half a step at 1.0 is 2^-11
+    fp16 = make_recipe(tmp_path, base="ddp", config={"dtype": "float16", "bf16": False, "fp16": True}, name="fp16")
+    [msg] = messages(resolve(Options(recipe=str(fp16))))
+    assert "pure float16" in msg and "half a step there is 0.00049" in msg
+    assert messages(resolve(Options(recipe=str(fp16), extra=["--learning_rate", "0.0005"]))) == []
+
+
+def test_pure_bf16_adapters_are_checked_at_their_own_size(tmp_path):
+    """A QLoRA adapter under DDP stays bf16 (TRL's cast): its lora_A weights, ~1/(2 sqrt(hidden)) in size, round
+    an update away only at a learning rate far below any LoRA one."""
+    qlora = make_recipe(tmp_path, base="lora", config={"load_in_4bit": True, "bnb_4bit_quant_storage": "bfloat16"})
+    setup = resolve(Options(recipe=str(qlora)))
+    assert setup.precision.pure_16bit and setup.precision.adapter
+    hidden = facts({"hidden_size": 4096, "model_type": "qwen3"})
+    assert messages(setup, hidden) == []  # lr 2e-4 > half a bf16 step at 1/128 = 2^-7 (2^-15 = 3.1e-5)
+    [msg] = messages(resolve(Options(recipe=str(qlora), extra=["--learning_rate", "1e-5"])), hidden)
+    assert "of the LoRA A weights at their typical size (0.0078 at initialisation)" in msg
+    assert "half a step there is 3.1e-05" in msg and "set `pure_bf16: true`" in msg
 
 
 @shows(rules.checkpointing_not_twice)

@@ -83,6 +83,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps({**plan.as_json(), **({"trace": traced[1]} if traced else {})}, indent=2))
         return 0 if plan.fits and (plan.longest or not auto) else 1
     print(plan.layout.describe())  # the run's layout at the planned length (with auto: the length found)
+    print(plan.run.precision.describe())  # what the bytes per parameter come from (launch.precision)
     print(describe(plan))
     if traced:
         print(traced[0])

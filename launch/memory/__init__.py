@@ -10,7 +10,8 @@ How a peak is assembled
 A training step goes through phases that never overlap in time, so the peak is the largest phase, not the sum:
 
 - the *loss* phase (end of the forward, start of the backward): model states, communication buffers, gathered
-  parameters, checkpointed activations kept on the GPU, and the loss working set (logits or fused-loss buffers);
+  parameters, checkpointed activations kept on the GPU, autocast's 16-bit copies of fp32 weights (fp32 masters
+  under DDP), and the loss working set (logits or fused-loss buffers);
 - the *layer* phase (backward through the decoder): the same static terms and checkpoints, plus the working set of
   ONE layer's recomputation and backward (every tensor that layer saves for its backward, plus the gradients and
   kernel workspaces alive at the worst moment of its backward);
@@ -23,6 +24,8 @@ The terms of the phase that gives the peak are summed (`Term.counted`); the othe
 information. On top of the allocated peak, one global overhead model (see `OVERHEAD`): CUDA context, NCCL buffers
 and the caching allocator's reserve.
 
+Bytes per parameter follow the run's `Precision` (`RunShape.precision`, launch/precision.py): the dtype of the
+trainable parameters, gradients and optimizer states, and where the fp32 masters live, per strategy.
 Sharding follows the run's `Layout`: ZeRO partitions over all ranks but TP, FSDP1/FSDP2 shard over dp_shard x cp
 and replicate across dp_replicate (HSDP). An adapter run (`RunShape.adapter`, launch/adapter.py) trains only the
 adapter: its parameters get gradients and optimizer states, the base is frozen in its dtype or 4-bit

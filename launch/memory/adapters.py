@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from launch.memory.architecture import Architecture
 from launch.memory.run_shape import RunShape
-
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1, "int8": 1}
+from launch.precision import BYTES
 
 
 def adapter_params(arch: Architecture, run: RunShape) -> int:
@@ -33,15 +32,12 @@ def adapter_params(arch: Architecture, run: RunShape) -> int:
 
 
 def adapter_dtype_bytes(run: RunShape) -> int:
-    """Bytes of an adapter parameter (and of its gradient and Adam states, `zeros_like`): TRL 1.16's SFTTrainer casts
-    the trainable parameters of a quantized model to bf16 (QLoRA paper; sft_trainer.py), and under DeepSpeed ZeRO-3
-    passes `autocast_adapter_dtype=False` so that they keep the base's dtype; otherwise PEFT's default
-    `autocast_adapter_dtype=True` upcasts bf16/fp16 adapters to fp32."""
-    if run.adapter.quantization is not None:
-        return 2
-    if run.layout.sharding == "zero" and run.layout.zero_stage == 3:
-        return base_dtype_bytes(run)
-    return 4
+    """Bytes of an adapter parameter (and of its gradient; Adam's states are `zeros_like` it outside DeepSpeed):
+    `run.precision`'s reading (launch.precision): PEFT's default `autocast_adapter_dtype=True` makes bf16/fp16
+    adapters fp32; TRL 1.16's SFTTrainer keeps them in the base's dtype under DeepSpeed ZeRO-3
+    (`autocast_adapter_dtype=False`) and casts a quantized model's adapter to bf16, which the recipes' train.py undoes
+    where the adapter trains in FSDP1 units of its own (qlora-fsdp); DeepSpeed's module is 16-bit under bf16."""
+    return run.precision.param_bytes
 
 
 def lm_head_trains(arch: Architecture, run: RunShape) -> bool:
@@ -66,13 +62,11 @@ def quantized_params(arch: Architecture, run: RunShape) -> int:
 
 def base_dtype_bytes(run: RunShape) -> int:
     """Bytes of a frozen, unquantized base element: the load dtype (nothing upcasts frozen parameters: Accelerate's
-    FSDP2 fp32 upcast touches `requires_grad` parameters only, fsdp_utils.py), fp32 on CPU, 16-bit under DeepSpeed
-    bf16/fp16 (the engine casts the whole module)."""
-    if run.device == "cpu":
-        return 4
-    if run.layout.sharding == "zero" and run.mixed_precision in ("bf16", "fp16"):
+    FSDP2 fp32 upcast touches `requires_grad` parameters only, fsdp_utils.py; the CPU profile loads fp32 unless the
+    run asks for bf16), 16-bit under DeepSpeed bf16/fp16 (the engine casts the whole module)."""
+    if run.layout.sharding == "zero" and run.precision.mixed in ("bf16", "fp16"):
         return 2
-    return _DTYPE_BYTES.get(run.weights_dtype, 4)
+    return BYTES.get(run.precision.load_dtype, 4)
 
 
 def frozen_bytes(arch: Architecture, run: RunShape) -> dict:
@@ -96,7 +90,7 @@ def frozen_bytes(arch: Architecture, run: RunShape) -> dict:
 def frozen_layer_bytes(arch: Architecture, run: RunShape) -> float:
     """One decoder layer's frozen weights as FSDP gathers them: 4-bit packed (+ quantization state) or the compute
     dtype; the adapter's own weights are tiny and counted with the trainable parameters."""
-    a = 2 if run.mixed_precision in ("bf16", "fp16") and run.device != "cpu" else base_dtype_bytes(run)
+    a = BYTES[run.precision.compute_dtype] if run.precision.mixed != "no" else base_dtype_bytes(run)
     if quantized_params(arch, run):
         rest = arch.params_per_layer - arch.matmul_params_per_layer
         return arch.matmul_params_per_layer * run.adapter.quantization.bytes_per_weight + rest * a
@@ -113,8 +107,8 @@ def lora_saved_bytes_per_token(arch: Architecture, run: RunShape, parent: str) -
     adapter = run.adapter
     if adapter is None:
         return 0.0
-    autocast = run.mixed_precision in ("bf16", "fp16") and run.device != "cpu"
-    a = 2 if autocast else adapter_dtype_bytes(run)
+    autocast = run.precision.mixed != "no"
+    a = BYTES[run.precision.compute_dtype] if autocast else adapter_dtype_bytes(run)
     shapes = arch.linear_layers()
     suffixes = {n.rsplit(".", 1)[-1] for n in adapter.targets(arch.linear_module_names())} - {"lm_head"}
     total = 0.0
@@ -131,5 +125,5 @@ def dequantized_weight_bytes(arch: Architecture, run: RunShape) -> float:
     `MatMul4Bit.backward`: `F.dequantize_4bit(B, quant_state).to(dtype)`): the largest linear of a layer, once."""
     if not quantized_params(arch, run):
         return 0.0
-    a = 2 if run.mixed_precision in ("bf16", "fp16") or run.weights_dtype in ("bfloat16", "float16") else 4
+    a = BYTES.get(run.precision.compute_dtype, 4)
     return a * max(fan_in * fan_out for _p, fan_in, fan_out in arch.linear_layers().values())

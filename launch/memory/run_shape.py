@@ -1,22 +1,21 @@
 """The run as the memory model needs it: the run's `Layout` (strategy, ZeRO stage, offload of the model states, mesh,
-world size, machines, batch, lengths: every layout fact and its arithmetic, read as `run.layout.<fact>`) plus what
-only memory needs: device, precision, checkpointing and its offload, attention kernel, loss, layer kernels, tiled MLP
-and the DeepSpeed / FSDP settings that change memory."""
+world size, machines, batch, lengths: every layout fact and its arithmetic, read as `run.layout.<fact>`), its
+`Precision` (load dtype, mixed precision, the dtype of the trainable parameters, gradients and optimizer states and
+where the fp32 masters live: `run.precision`, launch.precision), plus what only memory needs: device, checkpointing
+and its offload, attention kernel, loss, layer kernels, tiled MLP and the DeepSpeed / FSDP settings that change
+memory."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from launch.adapter import Adapter
 from launch.constants import CP_COMM_KEY
 from launch.layout import Layout, training_value
+from launch.precision import BYTES, Precision, load_dtype, mixed_precision
 from launch.switches import is_on
 from launch.training_args import Checkpointing, checkpointing
-
-
-def _dtype_name(value) -> str:
-    v = str(value or "float32").replace("torch.", "").lower()
-    return {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(v, v)
 
 
 def _reshards(layout: Layout, fsdp: dict) -> bool:
@@ -38,8 +37,9 @@ class RunShape:
 
     layout: Layout  # with a max_length: the memory model plans one global length
     device: str = "gpu"  # "gpu" or "cpu" (peak resident set of a CPU process)
+    # the two precision choices of the configs; what follows from them per strategy is `precision`
     weights_dtype: str = "bfloat16"  # dtype the model is loaded in
-    mixed_precision: str = "bf16"  # Accelerate's "bf16" / "fp16" / "no"
+    mixed_precision: str = "bf16"  # the Trainer's "bf16" / "fp16" / "no" (its bf16/fp16 over Accelerate's)
     gradient_checkpointing: bool = True
     offload_activations: bool = False
     tiled_mlp: bool = False
@@ -88,6 +88,15 @@ class RunShape:
         """The same run at another global length."""
         return replace(self, layout=self.layout.with_length(max_length))
 
+    # ---- the run's precision: launch.precision's reading of the two choices above, per strategy
+    @functools.cached_property
+    def precision(self) -> Precision:
+        """Load dtype, compute dtype, the trainable parameters', gradients' and optimizer states' dtypes and where the
+        fp32 masters live (`Precision.of`, the same reading as `Setup.precision`): every byte-per-parameter of the
+        memory model comes from here."""
+        return Precision.of(self.layout.kind, self.weights_dtype, self.mixed_precision, self.adapter,
+                            self.layout.sp if self.uses_ulysses else 1)
+
     # ---- what only memory derives
     @property
     def uses_ulysses(self) -> bool:
@@ -95,12 +104,9 @@ class RunShape:
 
     @property
     def act_bytes(self) -> int:
-        """Bytes of an activation element: 2 under bf16/fp16 autocast or a 16-bit model, else 4 (the CPU path)."""
-        if self.device == "cpu":
-            return 4
-        if self.mixed_precision in ("bf16", "fp16") or self.weights_dtype in ("bfloat16", "float16"):
-            return 2
-        return 4
+        """Bytes of an activation element: the compute dtype's (2 under bf16/fp16 autocast or a 16-bit model, 4 in
+        fp32, the CPU path's default)."""
+        return BYTES.get(self.precision.compute_dtype, 4)
 
     @classmethod
     def from_layout(cls, layout: Layout, accelerate: dict, training: dict, checkpointing: Checkpointing,
@@ -120,17 +126,12 @@ class RunShape:
             layout = layout.with_length(training_value({}, "max_length"))
 
         cpu = device == "cpu" or is_on(training.get("use_cpu", False))
-        if cpu:
+        # read as launch.precision reads them for Setup.precision: the CPU profile's arguments say the CPU run's
+        # (fp32 unless it asks for bf16; no fp16 on CPU)
+        mixed = mixed_precision(accelerate, training)
+        if cpu and mixed == "fp16":
             mixed = "no"
-        elif training.get("fp16"):
-            mixed = "fp16"
-        elif training.get("bf16", not training.get("fp16", False)) is not False:
-            mixed = "bf16"  # SFTConfig: bf16 defaults to True when fp16 is not set
-        else:
-            mixed = str(accelerate.get("mixed_precision", "no") or "no")
-        weights = _dtype_name(training.get("dtype", (training.get("model_init_kwargs") or {}).get("dtype", "float32")))
-        if cpu:
-            weights = "float32"
+        weights = load_dtype(training)
 
         fsdp_ac = layout.sharding == "fsdp" and is_on(fsdp.get("fsdp_activation_checkpointing", False))
         gc = checkpointing.enabled or fsdp_ac

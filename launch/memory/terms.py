@@ -10,33 +10,30 @@ from launch.memory import adapters
 from launch.memory.architecture import Architecture
 from launch.memory.constants import F32, INT32_ELEMENTS, TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK, pow2
 from launch.memory.run_shape import RunShape
+from launch.precision import BYTES
 
 
 def _param_bytes(run: RunShape) -> int:
-    """Bytes per element of the parameters as they are trained: DeepSpeed with bf16/fp16 casts the module to 16 bits
-    (fp32 master in the optimizer); DDP keeps the loaded dtype (a bf16 model trains pure bf16 under autocast);
-    FSDP2 under Accelerate's mixed precision keeps its shards in fp32 (see `fsdp2_sharded_bytes_per_param`)."""
-    if run.adapter is not None and run.layout.sharding != "zero":
-        return adapters.adapter_dtype_bytes(run)  # the trainable parameters are the adapter's
-    if run.device == "cpu":
-        return 4
-    if run.layout.sharding == "zero":
-        return 2 if run.mixed_precision in ("bf16", "fp16") or run.weights_dtype != "float32" else 4
-    return 2 if run.weights_dtype in ("bfloat16", "float16") else 4
+    """Bytes per element of the trainable parameters as they are kept on the device (`run.precision`,
+    launch.precision, says per strategy: DeepSpeed's 16-bit module with an fp32 master in its optimizer; DDP and one
+    process in the load dtype; FSDP2 under mixed precision in fp32 shards; an adapter in its own dtype)."""
+    return run.precision.param_bytes
+
+
+def _compute_bytes(run: RunShape) -> int:
+    """Bytes of an element in the compute dtype (gathered FSDP / ZeRO-3 parameters, 16-bit gradients before they are
+    reduced): bf16/fp16 under mixed precision, else the weights' own."""
+    return BYTES.get(run.precision.compute_dtype, 4)
 
 
 def fsdp2_sharded_bytes_per_param(run: RunShape) -> int:
     """accelerate/utils/fsdp_utils.py `fsdp2_prepare_model`: with mixed_precision != "no", every trainable
     parameter is upcast to fp32 before `fully_shard` ("FSDP upcast of low precision parameters to fp32"), and
     MixedPrecisionPolicy(param_dtype=bf16) only casts the all-gathered copy. So the shard is fp32 even for a model
-    loaded in bf16; without mixed precision it keeps the loaded dtype."""
-    if run.adapter is not None:
-        # Accelerate skips the upcast when the model holds bitsandbytes 4-bit weights (`model_has_params4bit`), and
-        # TRL has cast a quantized model's adapter to bf16; an unquantized model's adapter is fp32 already (PEFT)
-        return adapters.adapter_dtype_bytes(run)
-    if run.device == "cpu" or run.mixed_precision != "no":
-        return 4
-    return 2 if run.weights_dtype in ("bfloat16", "float16") else 4
+    loaded in bf16; without mixed precision it keeps the loaded dtype. An adapter: Accelerate skips the upcast when
+    the model holds bitsandbytes 4-bit weights (`model_has_params4bit`), and TRL has cast a quantized model's adapter
+    to bf16; an unquantized model's adapter is fp32 already (PEFT). All of it is `run.precision`'s reading."""
+    return run.precision.param_bytes
 
 
 def model_state_bytes(arch: Architecture, run: RunShape) -> dict:
@@ -45,7 +42,8 @@ def model_state_bytes(arch: Architecture, run: RunShape) -> dict:
     DDP (torch DistributedDataParallel via Accelerate): parameters and gradients whole, in the parameter dtype; the
       reducer's flat buckets are a second copy of the gradients (gradient_as_bucket_view=False, Accelerate's
       default) -- counted under communication buffers; AdamW states (exp_avg, exp_avg_sq) `zeros_like(param)`, so
-      in the parameter dtype (pure bf16 for a bf16 model).
+      in the parameter dtype: 4 + 4 + 8 bytes for the fp32 load the recipes use (the parameters are the fp32
+      masters), 2 + 2 + 4 for a bf16 load (pure bf16, which launch.rules refuses where updates round away).
     DeepSpeed (bf16): 16-bit parameters; gradients in grad_accum_dtype, which defaults to the model dtype
       (engine.get_data_types: bf16); fp32 master copy and fp32 Adam states in the optimizer.
       ZeRO-1: parameters and gradients whole, master and Adam partitioned over the ZeRO group.
@@ -72,8 +70,9 @@ def model_state_bytes(arch: Architecture, run: RunShape) -> dict:
         out["frozen_host"] = frozen_per_rank
     else:
         out["frozen_gpu"] = frozen_per_rank
+    prec = run.precision
     if run.layout.sharding == "replicated":
-        out.update(params_gpu=p * P, grads_gpu=p * P, optim_gpu=2 * p * P)
+        out.update(params_gpu=p * P, grads_gpu=prec.grad_bytes * P, optim_gpu=prec.adam_bytes * P)
         return out
     if run.layout.sharding == "zero" and not run.layout.zero_stage:
         # ZeRO stage 0 (bf16): whole 16-bit params and grads, fp32 master and Adam (not used by any recipe)
@@ -81,7 +80,7 @@ def model_state_bytes(arch: Architecture, run: RunShape) -> dict:
         return out
     if run.layout.sharding == "fsdp":
         s = fsdp2_sharded_bytes_per_param(run)
-        adam = 2 * s
+        adam = prec.adam_bytes
         if run.layout.offload_params:
             out.update(params_host_pinned=s * P / W, grads_host=s * P / W, optim_host=adam * P / W)
         else:
@@ -89,7 +88,7 @@ def model_state_bytes(arch: Architecture, run: RunShape) -> dict:
         return out
     # DeepSpeed ZeRO 1-3
     stage = run.layout.zero_stage
-    g = p  # grad_accum_dtype defaults to the model dtype
+    g = prec.grad_bytes  # grad_accum_dtype defaults to the model dtype
     # fp32 master copy: ZeRO-1/2 always clone the partition to fp32 (`single_partition_of_fp32_groups`); ZeRO-3
     # reuses an fp32 partition that already lives on the optimizer's device (stage3.py `_create_fp32_partitions`)
     master = 0 if (stage == 3 and p == 4 and not run.layout.offload_optimizer) else 4
@@ -138,8 +137,9 @@ def gathered_param_bytes(arch: Architecture, run: RunShape, phase: str) -> float
       gathered from the end of the forward to its backward (loss phase). With fsdp_reshard_after_forward false,
       every unit stays gathered.
     DDP / ZeRO-1/2: parameters are whole already (nothing extra).
+    Gathered copies are in the compute dtype (FSDP's param_dtype, ZeRO-3's 16-bit module).
     """
-    a = 2 if run.mixed_precision in ("bf16", "fp16") and run.device != "cpu" else 4
+    a = _compute_bytes(run)
     if run.layout.sharding == "zero" and run.layout.zero_stage == 3:
         if run.layout.shard_group == 1 and not run.layout.offload_params:
             return 0.0
@@ -156,6 +156,25 @@ def gathered_param_bytes(arch: Architecture, run: RunShape, phase: str) -> float
             return layer + a * (arch.lm_head_params + arch.hidden_size)
         return 2 * layer
     return 0.0
+
+
+def autocast_weight_copy_bytes(arch: Architecture, run: RunShape, phase: str) -> float:
+    """16-bit copies that autocast makes of fp32 trainable weights, at a phase ("loss" or "layer"): DDP or one process
+    loading the model in fp32 under bf16/fp16 mixed precision (`run.precision.autocast_copies`: the recipes' fp32
+    masters). torch's autocast caches the cast of a leaf tensor that requires grad (aten/src/ATen/autocast_mode.cpp
+    `cached_cast`) until the outermost autocast region exits, and Accelerate's autocast wraps the model's whole
+    forward, TRL's fused LM head included (which casts the head's weight tile by tile itself, uncached): at the loss
+    every decoder layer's linear weights have a 16-bit copy. With checkpointing the backward recomputes a layer in an
+    autocast region of its own, whose copies the recomputed graph keeps until that layer's backward: one layer's.
+    Without checkpointing each layer's copies are saved for its backward: all of them at the first one. (FSDP's
+    param_dtype and DeepSpeed's 16-bit module hand autocast 16-bit weights: nothing to copy. An adapter's own copies
+    are tiny: not counted.)"""
+    if not run.precision.autocast_copies or run.adapter is not None or phase not in ("loss", "layer"):
+        return 0.0
+    per_layer = BYTES.get(run.precision.compute_dtype, 2) * arch.matmul_params_per_layer
+    if phase == "layer" and run.gradient_checkpointing:
+        return float(per_layer)
+    return float(per_layer * arch.num_layers)
 
 
 def comm_buffer_bytes(arch: Architecture, run: RunShape, phase: str) -> float:
@@ -177,7 +196,9 @@ def comm_buffer_bytes(arch: Architecture, run: RunShape, phase: str) -> float:
     `torch.empty` adds no RSS; a tiny model's ZeRO-2/3 engine adds ~0.12 GiB in all), so a bucket counts at most
     the gradients that stream through it.
     """
-    a = 2 if run.mixed_precision in ("bf16", "fp16") and run.device != "cpu" else 4
+    # the buckets hold gradients in the compute dtype (DeepSpeed's 16-bit gradients, FSDP's param_dtype ones); the
+    # fp32 copies DeepSpeed reduces under Ulysses SP (`Precision.reduce_dtype`) are not counted
+    a = _compute_bytes(run)
     P = adapters.trainable_params(arch, run)  # only parameters with gradients are reduced
     layer = P / arch.num_layers if run.adapter is not None else arch.params_per_layer
     bucket = run.reduce_bucket_size
@@ -186,7 +207,7 @@ def comm_buffer_bytes(arch: Architecture, run: RunShape, phase: str) -> float:
     if run.layout.sharding == "replicated":
         # Accelerate wraps the model in DDP only with more than one process (`prepare_model`: MULTI_GPU and
         # num_processes > 1): one process has no reducer and no buckets
-        return _param_bytes(run) * P if run.layout.world_size > 1 else 0.0
+        return run.precision.grad_bytes * P if run.layout.world_size > 1 else 0.0
     if run.layout.sharding == "fsdp":
         return a * 2 * layer if phase == "layer" else 0.0
     if run.layout.sharding == "zero":
@@ -384,7 +405,7 @@ def loss_bytes(arch: Architecture, run: RunShape, n_tokens: int | None = None) -
     """
     n = run.layout.tokens_per_rank if n_tokens is None else n_tokens
     a, H, V = run.act_bytes, arch.hidden_size, arch.vocab_size
-    p = _param_bytes(run)
+    p = BYTES.get(run.precision.forward_weight_dtype, 4)  # the LM head's weight as the loss sees it (grad_weight's dtype)
     liger = run.liger_kernels
     norm_saved = a * H if liger else (F32 * H if a < 4 else 0) + a * H  # final RMSNorm's saved tensors
     norm_out = a * H
@@ -494,7 +515,7 @@ def tied_embedding_backward_bytes(arch: Architecture, run: RunShape) -> float:
     there and are summed out of place: `--trace` shows one copy more.)"""
     if not arch.tie_word_embeddings or run.layout.sharding != "replicated" or run.adapter is not None:
         return 0.0
-    return _param_bytes(run) * arch.embedding_params
+    return run.precision.grad_bytes * arch.embedding_params
 
 
 def nccl_communicators(run: RunShape) -> int:
