@@ -436,6 +436,23 @@ def test_ddp_fp32_load_keeps_fp32_masters_and_autocast_copies():
     assert any(t.name == "autocast's 16-bit copies of the fp32 weights" for t in est.gpu_terms)
 
 
+def test_fsdp_accumulation_without_sync_keeps_whole_gradients():
+    """Gradient accumulation under FSDP runs all micro-batches but the last under `no_sync`: every rank keeps each
+    parameter's whole gradient in reduce_dtype (bf16) until the last one; `sync_each_batch` reduce-scatters every
+    micro-batch instead. fsdp2-70b sets it: without, its plan needs 135 GiB more per GPU."""
+    run = toy_run(kind="fsdp2", zero_stage=None, gradient_accumulation_steps=2)
+    assert terms.unsynced_gradient_bytes(TOY, run) == 2 * TOY_P
+    assert terms.unsynced_gradient_bytes(TOY, replace(run, sync_each_batch=True)) == 0
+    assert terms.unsynced_gradient_bytes(TOY, toy_run(kind="fsdp2", zero_stage=None)) == 0  # one micro-batch
+    assert terms.unsynced_gradient_bytes(TOY, toy_run(gradient_accumulation_steps=2)) == 0  # DeepSpeed: no no_sync
+    arch, shipped = recipe_run("fsdp2-70b")
+    assert shipped.sync_each_batch and shipped.layout.gradient_accumulation_steps == 2
+    without = replace(shipped, sync_each_batch=False)
+    added = estimate(arch, without).allocated_peak_gib - estimate(arch, shipped).allocated_peak_gib
+    assert added == pytest.approx(2 * arch.num_params / GIB)
+    assert any("no_sync" in t.name for t in estimate(arch, without).gpu_terms)
+
+
 def test_precision_per_strategy():
     """launch.precision's reading, per strategy (bytes per trainable parameter: weight + gradient + master + Adam)."""
     from launch.precision import MASTER_DEEPSPEED, MASTER_FSDP1, MASTER_FSDP2, MASTER_PARAMETERS, Precision

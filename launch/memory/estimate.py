@@ -11,7 +11,7 @@ from launch.memory.constants import (CPU_DEEPSPEED_ENGINE_GIB, CPU_RUNTIME_BASEL
                                      LOSSES, OVERHEAD, gib, pow2)
 from launch.memory.results import Estimate, Term
 from launch.memory.run_shape import RunShape
-from launch.memory.terms import (autocast_weight_copy_bytes, checkpointed_input_bytes, comm_buffer_bytes, gathered_param_bytes, kernel_length_limits,
+from launch.memory.terms import (autocast_weight_copy_bytes, checkpointed_input_bytes, unsynced_gradient_bytes, comm_buffer_bytes, gathered_param_bytes, kernel_length_limits,
                                  layer_working_set_bytes, loss_bytes, model_state_bytes,
                                  offloaded_activation_host_bytes, optimizer_step_bytes, stored_activation_bytes,
                                  gradients_alive_at_loss, nccl_communicators, tied_embedding_backward_bytes)
@@ -111,10 +111,11 @@ def _phases(arch: Architecture, run: RunShape) -> Phases:
     if cpu:  # one process holds everything, host-side states included
         static += sum(states[k] for k in HOST_STATES)
     activations = checkpointed + stored
+    unsynced = unsynced_gradient_bytes(arch, run)  # FSDP's no_sync gradients, from the first micro-batch on
     # the loss runs before the backward has made any gradient (zero_grad sets them to None), unless they persist
     grads_at_loss = 0.0 if gradients_alive_at_loss(run) else states["grads_gpu"]
     phase_loss = (static - grads_at_loss + activations + comm_buffer_bytes(arch, run, "loss")
-                  + gathered_param_bytes(arch, run, "loss") + autocast_weight_copy_bytes(arch, run, "loss"))
+                  + gathered_param_bytes(arch, run, "loss") + autocast_weight_copy_bytes(arch, run, "loss") + unsynced)
     # through the backward the gradients grow as the activations shrink: at the first layer's backward every
     # layer's activations and only the LM head's gradient, at the last one every gradient and one layer's inputs;
     # the worse end counts (when the gradients persist between steps, all of them count throughout)
@@ -123,7 +124,7 @@ def _phases(arch: Architecture, run: RunShape) -> Phases:
         head = 0.0 if run.adapter is not None else grads_at_loss * arch.lm_head_params / arch.num_params
         held = static - grads_at_loss + max(activations + head, grads_at_loss + activations / arch.num_layers)
     phase_layer = (held + comm_buffer_bytes(arch, run, "layer") + gathered_param_bytes(arch, run, "layer")
-                   + autocast_weight_copy_bytes(arch, run, "layer"))
+                   + autocast_weight_copy_bytes(arch, run, "layer") + unsynced)
     totals = {"loss": phase_loss + loss, "layer": phase_layer + layer,
               "optimizer step": static + comm_buffer_bytes(arch, run, "step") + step}
     if tied := tied_embedding_backward_bytes(arch, run):
@@ -182,6 +183,10 @@ def _device_terms(arch: Architecture, run: RunShape, phases: Phases) -> list[Ter
                           "stage3_max_live_parameters / stage3_max_reuse_distance" if ds
                           else ("fsdp_sharding_strategy" if run.layout.kind == "fsdp1" else "fsdp_reshard_after_forward")
                           + " (one unit per layer)", dev, in_fwd_bwd))
+    if unsynced := unsynced_gradient_bytes(arch, run):
+        terms.append(Term("unsharded gradients accumulated without sync (FSDP no_sync)", gib(unsynced),
+                          "gradient_accumulation_steps; accelerator_config.gradient_accumulation_kwargs.sync_each_batch",
+                          dev, in_fwd_bwd))
     if copies := autocast_weight_copy_bytes(arch, run, "loss" if peak == "loss" else "layer"):
         terms.append(Term("autocast's 16-bit copies of the fp32 weights", gib(copies),
                           "dtype float32 under bf16 (the fp32 masters); gradient_checkpointing", dev, in_fwd_bwd))

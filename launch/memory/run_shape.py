@@ -30,6 +30,20 @@ def _reshards(layout: Layout, fsdp: dict) -> bool:
     return is_on(value)
 
 
+def _sync_each_batch(training: dict) -> bool:
+    """`accelerator_config.gradient_accumulation_kwargs.sync_each_batch` (transformers' AcceleratorConfig, a dict or
+    its JSON string in the merged arguments)."""
+    config = training.get("accelerator_config") or {}
+    if isinstance(config, str):
+        import json
+
+        try:
+            config = json.loads(config)
+        except ValueError:
+            return False  # a path to a JSON file: not read here
+    return is_on(((config or {}).get("gradient_accumulation_kwargs") or {}).get("sync_each_batch", False))
+
+
 @dataclass(frozen=True)
 class RunShape:
     """What the run does, as the memory model needs it. `from_layout` reads it off a resolved run, `from_configs` off
@@ -68,6 +82,9 @@ class RunShape:
     offload_pin_memory: bool = False  # offload_optimizer / offload_param `pin_memory` (DeepSpeed default False)
     # FSDP2
     fsdp_reshard_after_forward: bool = True
+    # Accelerate's GradientAccumulationPlugin `sync_each_batch` (`accelerator_config: {gradient_accumulation_kwargs:
+    # {sync_each_batch: true}}`): FSDP reduce-scatters every micro-batch instead of accumulating unsharded gradients
+    sync_each_batch: bool = False
     # LoRA / QLoRA (launch.adapter, read once from the training arguments); None: a full fine-tune
     adapter: Adapter | None = None
     # FSDP's `fsdp_cpu_ram_efficient_loading`: rank 0 alone reads the weights into host memory, the others start on
@@ -163,6 +180,7 @@ class RunShape:
             cp_comm_strategy=str(pc.get(CP_COMM_KEY, "allgather") or "allgather"),
             liger_kernels=is_on(training.get("use_liger_kernel", False)) and not cpu,
             fsdp_reshard_after_forward=_reshards(layout, fsdp),
+            sync_each_batch=_sync_each_batch(training),
             adapter=Adapter.from_training(training),
             cpu_ram_efficient_loading=layout.sharding == "fsdp" and is_on(fsdp.get("fsdp_cpu_ram_efficient_loading")),
             synthetic=is_on(training.get("synthetic", False)),

@@ -177,6 +177,20 @@ def autocast_weight_copy_bytes(arch: Architecture, run: RunShape, phase: str) ->
     return float(per_layer * arch.num_layers)
 
 
+def unsynced_gradient_bytes(arch: Architecture, run: RunShape) -> float:
+    """Unsharded gradients FSDP accumulates between the micro-batches of a step. With gradient accumulation the
+    Trainer runs every micro-batch but the last under `accelerator.no_sync` (transformers Trainer's training loop;
+    DeepSpeed excepted), which for FSDP2 is `set_requires_gradient_sync(False)`: no reduce-scatter, each parameter's
+    whole gradient kept and summed on every rank (torch fsdp/_fully_shard/_fsdp_param.py
+    `unsharded_accumulated_grad`, in reduce_dtype: bf16 under Accelerate's mixed precision), until the last
+    micro-batch reduce-scatters it. FSDP1's `no_sync` keeps its unsharded FlatParameter gradients likewise. Alive from
+    the first micro-batch's backward through the last one's: the loss and layer phases. None with one micro-batch,
+    or with Accelerate's `sync_each_batch` (a reduce-scatter per micro-batch into the sharded fp32 gradients)."""
+    if run.layout.sharding != "fsdp" or run.layout.gradient_accumulation_steps <= 1 or run.sync_each_batch:
+        return 0.0
+    return float(BYTES.get(run.precision.reduce_dtype, 4) * adapters.trainable_params(arch, run))
+
+
 def comm_buffer_bytes(arch: Architecture, run: RunShape, phase: str) -> float:
     """Gradient-reduction buffers on a GPU at a phase ("loss", "layer" or "step").
 
