@@ -1,4 +1,5 @@
-"""Parity between layouts that must train identically (fp32, CPU, same data, same tokens per step).
+"""Parity between layouts that must train identically (fp32, CPU, same data, same tokens per step). The same parity in
+bf16, the precision users train in (DDP against ZeRO-3 and FSDP2, accumulation, resume): tests/test_bf16.py.
 
 Measured on the CI machine kind (torch 2.13.0 CPU, 2 cores): the largest per-step differences are written next
 to each tolerance. The tolerances are ~10x the measured values, far tighter than the upstream ones

@@ -64,6 +64,11 @@ def test_smoke_run_is_fsdp1_and_saves_a_trained_adapter(smoke_runs):
     assert len(tensors) == 28 and all(".lora_A." in k or ".lora_B." in k for k in tensors), sorted(tensors)
     # lora_B starts at zero: every one moved, so the adapter is the trained one
     assert all(float(t.float().abs().max()) > 0 for k, t in tensors.items() if ".lora_B." in k)
+    # The adapter's dtype is the one launch.precision reads for this run (and the memory model counts): the CPU
+    # profile has no mixed precision, so TRL's bf16 cast of a quantized model's adapter stands; on a GPU (bf16)
+    # Accelerate upcasts FSDP1's trainable flat parameters to fp32 (tests/test_bf16.py runs that on CPU)
+    precision = resolve(Options(recipe="qlora-fsdp", smoke=True, cpu=True)).precision
+    assert {str(t.dtype) for t in tensors.values()} == {f"torch.{precision.trainable_dtype}"} == {"torch.bfloat16"}
 
 
 # ---- slow: FSDP1 shards the 4-bit storage; the base stays frozen -----------------------------------------------
