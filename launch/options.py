@@ -101,6 +101,9 @@ class Options:
     loss_sentinel: bool = option("do not stop the run when its first logged losses leave the recipe's recorded band",
                                  default=True, flag="--no-loss-sentinel")  # launch.sentinel
     dry_run: bool = option("print the command and the effective setup, run nothing", default=False)
+    pure_bf16: bool = option("train 16-bit weights without fp32 master copies on purpose, although Adam's updates "
+                             "below half a 16-bit step round away (refused otherwise: launch/precision.py)",
+                             default=False)  # launch.rules.pure_16bit_update_rounds_away
     # Multi-node: total machines, this machine's rank, and the rendezvous address of machine rank 0.
     num_machines: int | None = option(group=MULTI_NODE)
     machine_rank: int | None = option(group=MULTI_NODE)

@@ -537,7 +537,7 @@ def _adapter_magnitude(setup, facts: Facts) -> float | None:
 
 
 @rule(doc=(
-    "trainable weights with an fp32 master copy (fp32 `dtype` under DDP), or `pure_bf16: true`",
+    "trainable weights with an fp32 master copy (fp32 `dtype` under DDP), or --pure-bf16",
     "pure bf16 training silently rounds away every Adam update below half a bf16 step of its weight "
     "(at 1.0: lr < 2^-8)"))
 def pure_16bit_update_rounds_away(setup, facts: Facts):
@@ -547,7 +547,7 @@ def pure_16bit_update_rounds_away(setup, facts: Facts):
         precision = Precision.resolve(setup.layout.kind, setup.accelerate, setup.training,
                                       Adapter.from_training(setup.training), "cpu" if setup.options.cpu else "gpu",
                                       checkpoint_dtype=str(checkpoint or ""), sp=setup.layout.sp)
-    if not precision.pure_16bit or is_on(setup.training.get("pure_bf16")):
+    if not precision.pure_16bit or setup.options.pure_bf16:
         return None
     lr = float(setup.training.get("learning_rate") or 0)
     dtype = precision.trainable_dtype
@@ -581,8 +581,7 @@ def pure_16bit_update_rounds_away(setup, facts: Facts):
         f"(`{precision.mixed}` mixed precision only autocasts). An Adam update is about the learning rate in size, "
         f"and one smaller than half a {dtype} step of its weight rounds back to the weight: at learning_rate {lr:g} "
         f"every update {what} is lost (half a step there is {half:.2g}){also}, so the run silently trains less than "
-        f"it says. {fix}. To train pure {dtype} on purpose, set `pure_bf16: true` (in config.yaml, or "
-        "`-- --pure_bf16 true`)."
+        f"it says. {fix}. To train pure {dtype} on purpose, pass --pure-bf16."
     )
 
 

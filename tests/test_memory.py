@@ -245,7 +245,7 @@ def test_calibration_against_published_measurements():
 GPU_MEASURED = [("Qwen3-0.6B", "ddp", 2048, False, 5.15), ("Qwen3-1.7B", "ddp", 2048, False, 13.93),
                 ("Qwen3-1.7B", "ddp", 2048, True, 13.56), ("Qwen3-1.7B", "fsdp2", 2048, False, 26.87),
                 ("Qwen3-4B", "fsdp2", 4096, False, 62.07), ("Qwen3-8B", "lora", 4096, False, 21.45)]
-MEASURED_AS_PURE_BF16 = ["--dtype", "bfloat16", "--pure_bf16", "true"]  # the ddp recipe's precision when measured
+MEASURED_AS_PURE_BF16 = ["--dtype", "bfloat16"]  # the ddp recipe's precision when measured (plan runs no rule)
 
 
 def _measured_row_plan(model: str, recipe: str, length: int, liger: bool, precision_args=()):

@@ -134,9 +134,9 @@ def test_pure_bf16_where_updates_round_away_is_refused(tmp_path):
     assert msg.startswith("This run trains pure bfloat16: `dtype: bfloat16` (")
     assert "at learning_rate 2e-05 every update of the weights near 1.0 (the RMSNorm scales) is lost" in msg
     assert "half a step there is 0.0039" in msg and "`dtype: float32` in config.yaml" in msg
-    assert "set `pure_bf16: true`" in msg
+    assert msg.endswith("To train pure bfloat16 on purpose, pass --pure-bf16.")
     # the opt-in; a learning rate whose updates do not round away at 1.0 (>= 2^-8); the recipe as shipped (fp32)
-    assert messages(resolve(Options(recipe=str(old), extra=["--pure_bf16", "true"]))) == []
+    assert messages(resolve(Options(recipe=str(old), pure_bf16=True))) == []
     assert messages(resolve(Options(recipe=str(old), extra=["--learning_rate", "0.004"]))) == []
     assert messages(resolve(Options(recipe="ddp"))) == []
     # the strategies that keep fp32 masters of a bf16 load are not concerned
@@ -159,7 +159,7 @@ def test_pure_bf16_adapters_are_checked_at_their_own_size(tmp_path):
     assert messages(setup, hidden) == []  # lr 2e-4 > half a bf16 step at 1/128 = 2^-7 (2^-15 = 3.1e-5)
     [msg] = messages(resolve(Options(recipe=str(qlora), extra=["--learning_rate", "1e-5"])), hidden)
     assert "of the LoRA A weights at their typical size (0.0078 at initialisation)" in msg
-    assert "half a step there is 3.1e-05" in msg and "set `pure_bf16: true`" in msg
+    assert "half a step there is 3.1e-05" in msg and msg.endswith("pass --pure-bf16.")
 
 
 @shows(rules.checkpointing_not_twice)

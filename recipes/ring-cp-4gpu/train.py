@@ -26,15 +26,6 @@ class RecipeArguments:
         default=None,
         metadata={"help": "Accelerate config this recipe is launched with (read by `python -m launch`)."},
     )
-    pure_bf16: bool = field(
-        default=False,
-        metadata={
-            "help": "Train 16-bit weights without an fp32 master copy on purpose (a bf16 `dtype` under DDP or one "
-            "process, where `bf16: true` only autocasts). `python -m launch` otherwise refuses a run whose learning "
-            "rate is below half a bf16 step of its weights, where Adam's updates round away (launch/precision.py). "
-            "Read by the launcher only."
-        },
-    )
     synthetic: bool = field(
         default=False,
         metadata={
