@@ -184,6 +184,19 @@ class Precision:
         return self.trainable_dtype
 
     @property
+    def residual_dtype(self) -> str:
+        """The hidden states between the layers (the residual stream): under autocast the embedding lookup and the
+        residual adds are not autocast ops, so they keep the dtype of the weights the forward holds: fp32 for a DDP
+        or one-process run loaded in fp32 (an fp32 + bf16 sum is fp32), the 16-bit one where DeepSpeed's module or
+        FSDP's param_dtype is 16-bit. Without mixed precision, the compute dtype."""
+        low = MIXED_DTYPE[self.mixed]
+        if not low:
+            return self.compute_dtype
+        if self.master in (MASTER_DEEPSPEED, MASTER_FSDP1, MASTER_FSDP2):
+            return low
+        return "float32" if self.load_dtype in ("float32", "auto") else self.load_dtype
+
+    @property
     def param_bytes(self) -> int:
         """Bytes of a trainable parameter as kept on the device between steps (DeepSpeed: its 16-bit copy)."""
         return BYTES.get(self.trainable_dtype, 4)

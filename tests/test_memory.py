@@ -434,6 +434,9 @@ def test_ddp_fp32_load_keeps_fp32_masters_and_autocast_copies():
         assert terms.autocast_weight_copy_bytes(TOY, other, "loss") == 0
     est = estimate(TOY, run)
     assert any(t.name == "autocast's 16-bit copies of the fp32 weights" for t in est.gpu_terms)
+    # the layer inputs it checkpoints are fp32 (the residual stream), the rotary cos/sin bf16
+    n = run.layout.tokens_per_rank
+    assert terms.checkpointed_input_bytes(TOY, run) == TOY.num_layers * n * TOY.hidden_size * 4 + 2 * n * TOY.head_dim * 2
 
 
 def test_fsdp_accumulation_without_sync_keeps_whole_gradients():
@@ -476,6 +479,11 @@ def test_precision_per_strategy():
     assert read(Precision.of("fsdp2", "bfloat16", "bf16", qlora)) == ("bfloat16", None, 8, "bfloat16")
     assert read(Precision.of("deepspeed", "bfloat16", "bf16", lora())) == ("bfloat16", MASTER_DEEPSPEED, 16,
                                                                           "bfloat16")
+    # the residual stream: fp32 where the weights the forward holds are (the embedding and the adds are not autocast)
+    assert Precision.of("ddp", "float32", "bf16").residual_dtype == "float32"
+    assert {Precision.of(kind, "bfloat16", "bf16").residual_dtype for kind in ("ddp", "deepspeed", "fsdp2")} == \
+        {"bfloat16"}
+    assert Precision.of("ddp", "bfloat16", "bf16", lora()).residual_dtype == "bfloat16"  # the base's dtype
     # the run shape's precision is the same reading
     run = toy_run(kind="ddp", zero_stage=None, world_size=1, mesh=mesh(), weights_dtype="float32")
     assert run.precision == Precision.of("ddp", "float32", "bf16") and run.act_bytes == 2

@@ -120,6 +120,13 @@ class RunShape:
         return self.layout.sp > 1 if self.ulysses_attention is None else self.ulysses_attention
 
     @property
+    def residual_bytes(self) -> int:
+        """Bytes of a hidden-state element between the layers (the residual stream, each layer's input):
+        `Precision.residual_dtype`, fp32 under autocast over fp32 weights (DDP's fp32 masters: the embedding and the
+        residual adds are not autocast ops)."""
+        return BYTES.get(self.precision.residual_dtype, 4)
+
+    @property
     def act_bytes(self) -> int:
         """Bytes of an activation element: the compute dtype's (2 under bf16/fp16 autocast or a 16-bit model, 4 in
         fp32, the CPU path's default)."""

@@ -237,13 +237,13 @@ def comm_buffer_bytes(arch: Architecture, run: RunShape, phase: str) -> float:
 # =====================================================================================================================
 def checkpointed_input_bytes(arch: Architecture, run: RunShape, n_tokens: int | None = None) -> float:
     """Checkpointed activations: with gradient checkpointing each decoder layer keeps its input, the hidden states
-    [micro-batch, local length, hidden] in the activation dtype (transformers `GradientCheckpointingLayer`; FSDP's
-    `checkpoint_wrapper`). Whole model: layers x tokens x hidden x bytes, plus the rotary cos/sin [tokens, head_dim]
-    computed once per forward and shared by every layer. On the GPU unless offloaded (see
-    `offloaded_activation_host_bytes`)."""
+    [micro-batch, local length, hidden] in the residual stream's dtype (`RunShape.residual_bytes`: fp32 under
+    autocast over fp32 weights; transformers `GradientCheckpointingLayer`; FSDP's `checkpoint_wrapper`). Whole model:
+    layers x tokens x hidden x bytes, plus the rotary cos/sin [tokens, head_dim] computed once per forward and shared
+    by every layer. On the GPU unless offloaded (see `offloaded_activation_host_bytes`)."""
     n = run.layout.tokens_per_rank if n_tokens is None else n_tokens
     a = run.act_bytes
-    return arch.num_layers * n * arch.hidden_size * a + 2 * n * arch.head_dim * a
+    return arch.num_layers * n * arch.hidden_size * run.residual_bytes + 2 * n * arch.head_dim * a
 
 
 def _kv_dim_attention(arch: Architecture, run: RunShape) -> int:
@@ -393,7 +393,7 @@ def stored_activation_bytes(arch: Architecture, run: RunShape, n_tokens: int | N
     plus its input, for all layers, until the backward reaches it."""
     n = run.layout.tokens_per_rank if n_tokens is None else n_tokens
     saved = layer_saved_bytes_per_token(arch, run)
-    per_token = sum(saved["attention"].values()) + sum(saved["mlp"].values()) + run.act_bytes * arch.hidden_size
+    per_token = sum(saved["attention"].values()) + sum(saved["mlp"].values()) + run.residual_bytes * arch.hidden_size
     return arch.num_layers * per_token * n
 
 
@@ -489,7 +489,7 @@ def offloaded_activation_host_bytes(arch: Architecture, run: RunShape, n_tokens:
     if not (run.gradient_checkpointing and run.offload_activations):
         return 0.0
     n = run.layout.tokens_per_rank if n_tokens is None else n_tokens
-    hidden = n * arch.hidden_size * run.act_bytes
+    hidden = n * arch.hidden_size * run.residual_bytes
     if not run.offload_pinned or run.device == "cpu":
         return arch.num_layers * hidden
     return arch.num_layers * pow2(hidden)
