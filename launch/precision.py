@@ -114,7 +114,7 @@ class Precision:
     # ---- reading it -----------------------------------------------------------------------------------------------
     @classmethod
     def resolve(cls, kind: str, accelerate: dict, training: dict, adapter=None, device: str = "gpu",
-                checkpoint_dtype: str | None = None, sp: int = 1) -> "Precision":
+                checkpoint_dtype: str | None = None, sp: int = 1) -> Precision:
         """The precision of a run: its strategy (`Layout.kind`), its Accelerate config, its merged training arguments
         (a missing key is the default the ranks get: ModelConfig's `dtype` float32, SFTConfig's bf16) and its adapter
         (`launch.adapter.Adapter`, read from the same arguments; None: a full fine-tune).
@@ -128,7 +128,7 @@ class Precision:
         return cls.of(kind, load_dtype(training, checkpoint_dtype), mixed, adapter, sp)
 
     @classmethod
-    def of(cls, kind: str, load: str, mixed: str, adapter=None, sp: int = 1) -> "Precision":
+    def of(cls, kind: str, load: str, mixed: str, adapter=None, sp: int = 1) -> Precision:
         """The precision of a run of strategy `kind` ("ddp", "single", "deepspeed", "fsdp1", "fsdp2": `Layout.kind`)
         loaded in `load` under mixed precision `mixed` ("bf16", "fp16", "no"), training `adapter` (a
         `launch.adapter.Adapter`, or None), with Ulysses sequence parallelism over `sp` ranks: the module docstring
@@ -150,7 +150,7 @@ class Precision:
         return cls(load, mixed, param, param, reduce, MASTER_PARAMETERS if param == "float32" else None)
 
     @classmethod
-    def _adapter(cls, kind: str, load: str, mixed: str, adapter, sp: int = 1) -> "Precision":
+    def _adapter(cls, kind: str, load: str, mixed: str, adapter, sp: int = 1) -> Precision:
         low = MIXED_DTYPE[mixed]
         if kind == "deepspeed":
             # ZeRO-3 without quantization: TRL's autocast_adapter_dtype=False, the adapter in the base's dtype; the
@@ -249,6 +249,6 @@ class Precision:
         return "\n".join([
             f"precision                loaded in {self.load_dtype}, computed in {mixed}",
             f"fp32 master weights      {master}",
-            f"model states             {self.bytes_per_param} bytes per trainable parameter ({' + '.join(parts)}); "
-            f"gradients accumulated in {self.gradient_dtype}, reduced in {self.reduce_dtype}",
+            (f"model states             {self.bytes_per_param} bytes per trainable parameter ({' + '.join(parts)}); "
+             f"gradients accumulated in {self.gradient_dtype}, reduced in {self.reduce_dtype}"),
         ])
