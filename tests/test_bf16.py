@@ -10,10 +10,10 @@ param_dtype; each recipe's own load dtype, from the smoke model's bf16 copy as a
 Five runs of the smoke model, 6 steps each, at the recipe's learning rate: ddp (2 processes, saving at steps 3 and
 6: the reference, the behaviour test's weights and the resume's checkpoint), zero3, fsdp2 (2 processes each), ddp with
 1 process x accumulation 2, and ddp resumed from the first run's checkpoint-3 (3 steps); and one step of qlora-fsdp,
-whose adapter's dtype is read back (51 s of test time in all, measured on the 2-core machine, lightly loaded). Every tolerance is set from
-the differences measured on the CI machine kind (torch 2.13.0 CPU, 2 cores; bf16 ranks pinned to one code path by
-launch/cpu/portable_bf16.py), written beside it with its cause. Run
-against the ddp recipe as it was (`dtype: bfloat16`, pure bf16, with --pure-bf16 to get past the launcher's
+whose adapter's dtype is read back (51 s of test time in all, measured on the 2-core machine, lightly loaded).
+Every tolerance is set from the differences measured on the CI machine kind (torch 2.13.0 CPU, 2 cores; bf16 ranks
+pinned to one code path by launch/cpu/portable_bf16.py), written beside it with its cause. Run against the ddp
+recipe as it was (`dtype: bfloat16`, pure bf16, with --pure-bf16 to get past the launcher's
 refusal), three of these fail (measured): the behaviour test (all 9 norm scales bit-for-bit unmoved), ZeRO-3's loss
 parity (2.2e-2 against a tolerance of 4e-3; grad_norm 8.4e-3 against 5e-3) and FSDP2's norm scales (1.2e-4 against
 3e-5); the accumulation and resume checks pass either way (they compare DDP with itself).
