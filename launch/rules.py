@@ -846,13 +846,16 @@ def fsdp2_without_fsdp1_settings(setup, facts: Facts):
 
 
 @rule(feature="fsdp2", doc=(
-    "with FSDP2 and a `parallelism_config`, a mesh dimension to shard over: `dp_shard` or `cp` above 1",
+    "with FSDP2 and a `parallelism_config` on more than one process, a mesh dimension to shard over: `dp_shard` or "
+    "`cp` above 1",
     "Accelerate: \"FSDP is enabled but the parallelism config has no dimension for FSDP to shard across\", in "
     "every rank"))
 def fsdp2_has_a_shard_dimension(setup, facts: Facts):
-    # issue 36: Accelerate's ParallelismConfig checks this only in the ranks (_validate_accelerator), after start-up
+    # issue 36: Accelerate's ParallelismConfig checks this only in the ranks (_validate_accelerator), after start-up;
+    # a single process is exempt there (no distributed setup: a valid config, e.g. a one-GPU fsdp2 run)
     m = setup.layout.mesh
-    if not _fsdp2(setup) or not setup.accelerate.get("parallelism_config") or m["dp_shard"] > 1 or m["cp"] > 1:
+    if (not _fsdp2(setup) or not setup.accelerate.get("parallelism_config") or m["dp_shard"] > 1 or m["cp"] > 1
+            or setup.layout.world_size == 1):
         return None
     return (f"The mesh gives FSDP2 nothing to shard over: dp_shard {m['dp_shard']} and cp {m['cp']} (with dp_replicate "
             f"{m['dp_replicate']}), and FSDP2 shards the model over dp_shard x cp; Accelerate refuses it in every rank "
