@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from launch import pins as pinfiles
-from launch.constants import FLASH_ATTENTION, MESH_KEYS, SP_ATTENTION_KEY
+from launch.constants import FLASH_ATTENTION, MESH_KEYS
 # kernels_requirement and kernels_route live in launch.machine (launch.rules reads them too); used and re-exported here
 from launch.machine import NVIDIA_DRIVER_FILE, gpu_driver, kernels_requirement, kernels_route  # noqa: F401
 from launch.pins import normalize
@@ -481,8 +481,8 @@ def recipe_attention(recipe: str, wanted: str, facts: AttentionFacts, path: str 
                   f"{FLASH_ATTN_4_MIN_MAJOR}.0" if fa4 and path == "dp" and wanted == "sdpa" else "")
         return f"{NOT_CHECKED}: {wanted} on a GPU{opt_in} (the --cpu profile runs flash attention settings as sdpa)", None
     cc = f"{facts.capability[0]}.{facts.capability[1]}" if facts.capability else "?"
-    fallback = (f"set attn_implementation: sdpa (every recipe runs it; the same result, docs/container.md, "
-                f"\"Attention per recipe\")")
+    fallback = ("set attn_implementation: sdpa (every recipe runs it; the same result, docs/container.md, "
+                "\"Attention per recipe\")")
     if wanted == "sdpa":
         why = {"cp": "ring CP dispatches SDPA only", "sp": "the recipe's setting (Ulysses drops the mask: causal SDPA)",
                "dp": "the recipe's setting"}[path]

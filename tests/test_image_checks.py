@@ -20,9 +20,10 @@ from launch import image_checks as ic
 from launch import pins as pinfiles
 
 LOCKED_CUDNN = pinfiles.read_lock(pinfiles.IMAGE_LOCK)["nvidia-cudnn-cu13"]
+LOCKED_CUDNN_NUMBER = ic.cudnn_number(LOCKED_CUDNN)
 
 
-def fake_torch(*, cuda="13.0", gpu=True, cudnn=ic.cudnn_number(LOCKED_CUDNN), capability=(9, 0), driver=13000):
+def fake_torch(*, cuda="13.0", gpu=True, cudnn=LOCKED_CUDNN_NUMBER, capability=(9, 0), driver=13000):
     return SimpleNamespace(
         __version__="2.13.0+cu130" if cuda else "2.13.0+cpu",
         version=SimpleNamespace(cuda=cuda),

@@ -13,9 +13,9 @@ from launch.options import Options
 from launch.recipes import find_recipe
 from launch.resolve import resolve
 from launch.switches import is_on
+from helpers.rule_checks import facts, make_recipe, messages
 
 QWEN2_05B = {"num_attention_heads": 14, "num_key_value_heads": 2}  # the alst-ulysses-4gpu GPU default (its heads)
-from helpers.rule_checks import facts, make_recipe, messages
 
 
 def test_a_deepspeed_config_without_zero_stage_is_accelerates_default_everywhere(tmp_path):

@@ -140,9 +140,9 @@ def test_fsdp1_shards_the_4bit_storage_and_leaves_the_base_unchanged(tmp_path):
     single, multi = tmp_path / "single", tmp_path / "multi"
     single.mkdir(), multi.mkdir()
     env = test_env()
-    for cmd, out in (([sys.executable, str(script), str(single)], single),
-                     ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                       str(free_port()), str(script), str(multi)], multi)):
+    for cmd in ([sys.executable, str(script), str(single)],
+                [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                 str(free_port()), str(script), str(multi)]):
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     one = json.loads((single / "rank0.json").read_text())

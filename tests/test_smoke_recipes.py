@@ -129,7 +129,7 @@ def test_smoke_runs_log_to_trackio_offline_and_it_reads_back(smoke_runs):
     global_step, loss = values("train/global_step"), values("train/loss")
     logged = sorted((int(global_step[i]), value) for i, value in loss.items())
     assert logged == list(zip(summary["observed"]["step"], summary["observed"]["loss"]))
-    assert f"trackio show --project ddp" in tracking["dashboard"]
+    assert "trackio show --project ddp" in tracking["dashboard"]
 
 
 def test_a_yarn_scaled_smoke_model_trains_and_keeps_its_scaling(smoke_runs):

@@ -22,10 +22,10 @@ from launch.errors import LaunchError
 from launch.options import Parser
 from launch.outdir import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, RunFolder, expand, holder_alive, read_lock, read_manifest,
                            record_entry)
+from launch.rules import merge_problems
 
 ADAPTER_WEIGHT_FILES = (ADAPTER_WEIGHTS, "adapter_model.bin")  # PEFT's safetensors file, or its older torch.save one
 TOKENIZER_CONFIG = "tokenizer_config.json"  # what every tokenizer's save_pretrained writes
-from launch.rules import merge_problems
 
 
 @command("merge", "merge a LoRA run's adapter (RUN_DIR/final) into its base: a full model for plain transformers",

@@ -181,7 +181,7 @@ def plot_comparison(runs: list[tuple[str, dict]], out: Path, tolerance: dict | N
     handles = []
     for col, metric in enumerate(METRICS):
         ax = axes[0][col]
-        for i, (label, observed) in enumerate(runs):
+        for i, (_label, observed) in enumerate(runs):
             series = by_step(observed, metric)
             xs = sorted(series)
             style = dict(color="0.35", lw=4.5, alpha=0.45, zorder=1) if i == 0 else \

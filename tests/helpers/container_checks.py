@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 import tomllib
-import yaml
 from packaging.requirements import Requirement
 from packaging.version import Version
 

@@ -202,14 +202,14 @@ def measure_one(name: str, env: dict[str, str], zero_overrides: dict, model_dir:
     autograd_probe = []
 
     def epilogue_probe():
-        autograd_probe.append(grad_bytes(engine.module, zopt))
+        autograd_probe.append(grad_bytes(engine.module, zopt))  # noqa: F821 (runs before the `del` below)
         orig_epilogue()
 
     engine._backward_epilogue = epilogue_probe
     orig_step = zopt.step
 
     def step_probe(*a, **kw):
-        out["grads_before_step"] = grad_bytes(engine.module, zopt)
+        out["grads_before_step"] = grad_bytes(engine.module, zopt)  # noqa: F821 (runs before the `del` below)
         return orig_step(*a, **kw)
 
     zopt.step = step_probe
