@@ -20,6 +20,11 @@ from launch.layout import Layout
 
 # What an "80 GB" H100 or A100 reports (torch.cuda.get_device_properties(0).total_memory, in GiB): the default target.
 GPU_MEMORY_GIB = memory.H100_80GB_GIB
+# The launcher's spare: the share of each GPU's memory a plan should leave unused, the planner's error as measured
+# (launch/calibration.py, one H100: the peak allocated 0-4.3% above the plan, the device memory in use from 1.0% below
+# to 3.4% above it). The preflight refuses a run only above the GPU's capacity (the user's own settings; --force) and
+# says so when a run is within the spare; settings the launcher chooses itself (`--fastest`) stay out of it.
+SPARE = 0.05
 
 
 @dataclass
@@ -66,12 +71,13 @@ def unmodelled(config) -> str | None:
             "measure (`--bench` records each rank's peak memory).")
 
 
-def run_shape(setup) -> memory.RunShape:
+def run_shape(setup, environ=None) -> memory.RunShape:
     """The memory model's view of a resolved run: its layout, configs and checkpointing, each resolved once, and the
-    allocator setting the ranks will run with."""
+    allocator setting the ranks will run with (`environ`: the environment they inherit; default this process's)."""
     shape = memory.RunShape.from_layout(setup.layout, setup.accelerate, setup.training, setup.checkpointing,
                                         device="cpu" if setup.options.cpu else "gpu")
-    return replace(shape, expandable_segments=expandable_segments(setup.recipe.config.get("env") or {}, os.environ))
+    environ = os.environ if environ is None else environ
+    return replace(shape, expandable_segments=expandable_segments(setup.recipe.config.get("env") or {}, environ))
 
 
 def expandable_segments(config_env: dict, environ) -> bool:
@@ -112,6 +118,11 @@ class MemoryPlan:
     def fits(self) -> bool:
         return memory.fits(self.estimate, self.target.gpu_memory_gib, self.target.host_memory_gib)
 
+    @property
+    def fits_with_spare(self) -> bool:
+        """Fits with the launcher's spare (`SPARE`) left unused on every GPU."""
+        return self.fits and self.estimate.gpu_peak_gib <= self.target.gpu_memory_gib * (1 - SPARE)
+
     def at_length(self, length: int) -> "MemoryPlan":
         run = self.run.with_length(length)
         return replace(self, estimate=memory.estimate(self.arch, run), run=run, longest=None)
@@ -139,13 +150,15 @@ class MemoryPlan:
         }
 
 
-def plan_memory(setup, target: Target, auto: bool = False, model: hub.ModelConfig | None = None) -> MemoryPlan:
+def plan_memory(setup, target: Target, auto: bool = False, model: hub.ModelConfig | None = None,
+                environ=None) -> MemoryPlan:
     """The memory plan of a resolved run on `target`; with `auto`, at the longest global length that fits (a
-    multiple of the layout's `seq_multiple`). `model`: its config.json when the caller has read it already.
+    multiple of the layout's `seq_multiple`). `model`: its config.json when the caller has read it already;
+    `environ`: the environment the ranks inherit (default this process's; the README lines plan the recipe alone).
     Raises LaunchError when the model's config.json cannot be read."""
     model = model if model is not None else hub.read_model_config(setup.training.get("model_name_or_path"))
     arch = architecture(model)
-    run = run_shape(setup)
+    run = run_shape(setup, environ)
     longest = None
     if auto:
         multiple = run.layout.seq_multiple

@@ -21,8 +21,8 @@ A training step goes through phases that never overlap in time, so the peak is t
   loss phase holds none and the layer phase the worse of its two ends (`launch/memory/trace.py` measured it).
 
 The terms of the phase that gives the peak are summed (`Term.counted`); the other phase's term is listed for
-information. On top of the allocated peak, one global overhead model (see `OVERHEAD`): CUDA context, NCCL buffers
-and the caching allocator's reserve.
+information. On top of the allocated peak, the overhead model (the measured parts in launch/calibration.py, with
+their H100 source): CUDA context and workspaces, NCCL buffers and the caching allocator's reserve.
 
 Bytes per parameter follow the run's `Precision` (`RunShape.precision`, launch/precision.py): the dtype of the
 trainable parameters, gradients and optimizer states, and where the fp32 masters live, per strategy.

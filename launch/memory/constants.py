@@ -8,18 +8,14 @@ import math
 GIB = 2**30
 F32 = 4  # bytes of an fp32 element
 
-# ---- the one global overhead model (device memory outside PyTorch's allocated bytes) -------------------------------
-# CUDA_CONTEXT_GIB: the CUDA context, cuBLAS/cuBLASLt workspaces and kernel images that every CUDA process holds and
-#   that `torch.cuda.max_memory_allocated` does not count (typical nvidia-smi reading of an idle torch process on an
-#   H100 with lazy module loading: 0.4-0.6 GiB). A stated model parameter, not fitted.
+# ---- the overhead model (device memory outside PyTorch's allocated bytes) ------------------------------------------
+# The GPU-measured parts live in launch/calibration.py with their source: the CUDA context and workspaces
+# (`CUDA_CONTEXT_GIB`, what the driver sees beyond PyTorch's reserved bytes) and the caching allocator's reserve
+# (`reserved_over_allocated`: reserved / allocated per strategy, fragmentation). Not measured, stated:
 # NCCL_GIB: NCCL's communicator buffers (cudaMalloc'ed by NCCL itself, so also outside PyTorch's accounting) in a
 #   distributed run: NCCL_BUFFSIZE 4 MiB x channels x peers for the ring/tree protocols of one node, PER COMMUNICATOR
 #   (a 2-D mesh makes one per dimension and a flattened one: `terms.nccl_communicators`). Stated, not fitted.
-# ALLOCATOR_RESERVE: the caching allocator's reserved-but-unallocated bytes at the peak (fragmentation), as a
-#   fraction of the allocated peak. 2%: bounded above by the calibration data itself -- the Ulysses blog's 1-GPU
-#   run peaked at 76.4 GiB allocated and ran on an H100 whose total capacity is 79.1 GiB, so its reserve was at most
-#   (79.1 - 0.5 - 76.4) / 76.4 = 2.9%. One global constant for every run (expandable_segments lowers it further).
-OVERHEAD = {"cuda_context_gib": 0.5, "nccl_gib": 0.5, "allocator_reserve": 0.02}
+NCCL_GIB = 0.5
 
 # CPU mode: the resident set of a process before any model exists (python + torch + transformers + accelerate +
 # deepspeed + trl with SFTTrainer imported). MEASURED on this repository's CPU environment (torch 2.13 CPU,

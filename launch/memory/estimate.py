@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from launch import calibration
 from launch.memory import adapters
 from launch.memory.architecture import Architecture
 from launch.memory.constants import (CPU_DEEPSPEED_ENGINE_GIB, CPU_RUNTIME_BASELINE_GIB, CPU_TRAINER_RUNTIME_GIB, F32,
-                                     LOSSES, OVERHEAD, gib, pow2)
+                                     LOSSES, NCCL_GIB, gib, pow2)
 from launch.memory.results import Estimate, Term
 from launch.memory.run_shape import RunShape
 from launch.memory.terms import (autocast_weight_copy_bytes, checkpointed_input_bytes, unsynced_gradient_bytes, comm_buffer_bytes, gathered_param_bytes, kernel_length_limits,
@@ -225,7 +226,8 @@ def _device_terms(arch: Architecture, run: RunShape, phases: Phases) -> list[Ter
 # ---- 3. what comes on top of the allocated peak ---------------------------------------------------------------------
 def _overheads(run: RunShape, allocated: float) -> tuple[list[Term], float]:
     """The fixed terms on top of the allocated bytes and the total in GiB: on CPU the process runtime (and the
-    DeepSpeed engine's); on a GPU the CUDA context (+ NCCL) and the allocator's reserve (`OVERHEAD`)."""
+    DeepSpeed engine's); on a GPU the CUDA context and workspaces (+ NCCL's buffers) and the allocator's reserve
+    (`launch.calibration`: measured per strategy)."""
     if run.device == "cpu":
         terms = [Term("process runtime (python, torch, transformers, deepspeed, trl)", CPU_RUNTIME_BASELINE_GIB,
                       "measured import baseline (CPU_RUNTIME_BASELINE_GIB)", "host")]
@@ -243,12 +245,17 @@ def _overheads(run: RunShape, allocated: float) -> tuple[list[Term], float]:
         return terms, gib(allocated) + runtime
     communicators = nccl_communicators(run)  # NCCL's buffers: one allowance per communicator (2-D meshes: several)
     distributed = communicators > 0
-    ctx = OVERHEAD["cuda_context_gib"] + OVERHEAD["nccl_gib"] * communicators
-    reserve = OVERHEAD["allocator_reserve"] * gib(allocated)
+    ctx = calibration.CUDA_CONTEXT_GIB + NCCL_GIB * communicators
+    ratio = calibration.reserved_over_allocated(run.layout.sharding, run.expandable_segments)
+    reserve = (ratio - 1) * gib(allocated)
+    measured = not run.expandable_segments and run.layout.sharding in calibration.RESERVED_OVER_ALLOCATED
     terms = [Term("CUDA context" + (" + NCCL buffers" if distributed else ""), ctx,
-                  "fixed per process (OVERHEAD)" + (f"; {communicators} NCCL communicators (mesh dimensions)"
-                                                    if communicators > 1 else ""), "gpu"),
-             Term("allocator reserve (fragmentation)", reserve, "global 2% model; PYTORCH_CUDA_ALLOC_CONF "
+                  f"fixed per process (CUDA context and workspaces {calibration.CUDA_CONTEXT_GIB:.2f} GiB, measured)"
+                  + (f"; {communicators} NCCL communicator(s) (mesh dimensions)" if distributed else ""), "gpu"),
+             Term("allocator reserve (fragmentation)", reserve,
+                  f"reserved / allocated {ratio:.2f} ("
+                  + ("measured for this strategy" if measured else "published bound; not measured for this run")
+                  + "); PYTORCH_CUDA_ALLOC_CONF "
                   + ("expandable_segments:True" if run.expandable_segments else "without expandable_segments"), "gpu")]
     return terms, gib(allocated) + ctx + reserve
 
@@ -315,11 +322,12 @@ def _kernel_notes(arch: Architecture, run: RunShape) -> list[str]:
 
 
 # A transient at least this share of the allocated peak and this large is where the caching allocator's
-# fragmentation can outgrow the 2% model without expandable segments: freed multi-GiB blocks of one phase cannot be
+# fragmentation can outgrow the reserve planned without expandable segments (measured at 2K-4K tokens, where
+# transients are small: launch/calibration.py): freed multi-GiB blocks of one phase cannot be
 # split for the next phase's differently sized tensors (PyTorch's CUDA notes recommend expandable_segments for jobs
 # whose allocation sizes change); ALST's published examples export it (ArcticTraining,
-# projects/sequence-parallelism/README.md); the allocator setting of the run the 2% bound comes from is not
-# recorded. Stated thresholds for a note, not fitted figures: at the shipped GPU defaults ordinary transients are
+# projects/sequence-parallelism/README.md); the allocator setting of the run the published 2% bound comes from is
+# not recorded. Stated thresholds for a note, not fitted figures: at the shipped GPU defaults ordinary transients are
 # 10-21% of the peak and 1-8 GiB (ddp 1.2 GiB, fsdp2-70b 7.6 GiB), the long-context ones 51-90% and 33-53 GiB.
 LARGE_TRANSIENT_SHARE = 1 / 3
 LARGE_TRANSIENT_GIB = 8.0
@@ -327,15 +335,16 @@ LARGE_TRANSIENT_GIB = 8.0
 
 def _allocator_notes(run: RunShape, phases: Phases) -> list[str]:
     """On a GPU without expandable segments: a note when one phase's transient (a layer's recompute and backward, or
-    the loss) is a large share of the peak and several GiB, where fragmentation can outgrow the 2% modelled."""
+    the loss) is a large share of the peak and several GiB, where fragmentation can outgrow the reserve planned."""
     if run.device == "cpu" or run.expandable_segments:
         return []
+    ratio = calibration.reserved_over_allocated(run.layout.sharding, run.expandable_segments)
     transient = max(phases.layer, phases.loss)
     if transient < LARGE_TRANSIENT_SHARE * phases.allocated or gib(transient) < LARGE_TRANSIENT_GIB:
         return []
     return [f"one phase's transient tensors take {gib(transient):.1f} GiB per GPU ({transient / phases.allocated:.0%} "
             "of the allocated peak) and PYTORCH_CUDA_ALLOC_CONF does not set expandable_segments:True: the caching "
-            "allocator's fragmentation may then exceed the 2% planned. Set it in the config's env: block, as "
+            f"allocator's fragmentation may then exceed the {ratio - 1:.0%} planned (measured with short sequences). Set it in the config's env: block, as "
             "alst-ulysses-8gpu does"]
 
 

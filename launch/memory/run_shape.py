@@ -92,7 +92,7 @@ class RunShape:
     cpu_ram_efficient_loading: bool = False
     # PyTorch's caching allocator with `expandable_segments:True` (PYTORCH_CUDA_ALLOC_CONF, from the config's `env:` or
     # the environment the ranks inherit): freed blocks of a multi-GiB transient are reused by differently sized
-    # ones, which is what the 2% fragmentation model (OVERHEAD) was calibrated with
+    # ones: the allocator's reserve is planned per setting (launch.calibration.reserved_over_allocated)
     expandable_segments: bool = False
     # `--synthetic` (launch.rank.synthetic): random weights built whole on each GPU, before any sharding
     synthetic: bool = False
