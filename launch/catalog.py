@@ -8,6 +8,26 @@ from launch.copies import is_marked
 from launch.results.expected import profile_entry
 from launch.layout import Layout
 from launch.recipes import find_recipe, recipe_names
+from launch.switches import is_on
+from launch.profiles import checkpointer
+from launch.training_args import checkpointing
+
+
+def speed_settings(config: dict, accelerate: dict, layout: Layout) -> str:
+    """The speed settings of a recipe's GPU defaults, in a few words: activation checkpointing (off, on, on with its
+    checkpoints offloaded; by FSDP when the Accelerate config does it), Liger's kernels, micro-batch x accumulation.
+    The settings `python -m launch plan RECIPE --fastest` chooses among (launch/fastest.py)."""
+    fsdp = accelerate.get("fsdp_config") or {}
+    ckpt = checkpointing(config)
+    if checkpointer(config, accelerate) == "FSDP" and is_on(fsdp.get("fsdp_activation_checkpointing", False)):
+        mode = "on (FSDP)" + (" + offload" if is_on(fsdp.get("fsdp_activation_checkpointing_offload", False)) else "")
+    elif ckpt.enabled:
+        mode = "on" + (" + offload" if ckpt.offload else "")
+    else:
+        mode = "off"
+    liger = "on" if is_on(config.get("use_liger_kernel", False)) else "off"
+    return (f"checkpointing {mode}, Liger {liger}, {layout.per_device_train_batch_size} x "
+            f"{layout.gradient_accumulation_steps}")
 
 
 def recipe_row(name: str) -> dict:
@@ -22,6 +42,7 @@ def recipe_row(name: str) -> dict:
         "model": str(recipe.config.get("model_name_or_path", "")),
         "dataset": str(recipe.config.get("dataset_name", "")),
         "max_length": recipe.config.get("max_length"),
+        "speed": speed_settings(recipe.config, recipe.accelerate, layout),
         "cpu_verified": "steps" in smoke_cpu,
         "cpu_processes": smoke_cpu.get("invocation", {}).get("num_processes"),
         "train_script": "copy" if is_marked(recipe.train_script) else "fork",

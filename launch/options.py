@@ -100,6 +100,10 @@ class Options:
                                "a folder holding only config.json is enough)", metavar="DIR_OR_ID")
     loss_sentinel: bool = option("do not stop the run when its first logged losses leave the recipe's recorded band",
                                  default=True, flag="--no-loss-sentinel")  # launch.sentinel
+    fastest: bool = option("use the fastest speed settings that fit this machine (activation checkpointing, "
+                           "micro-batch x accumulation at the same tokens per step, Liger): chosen by the planner "
+                           "and the throughput model before start; settings given after `--` win",
+                           default=False)  # launch.fastest
     dry_run: bool = option("print the command and the effective setup, run nothing", default=False)
     pure_bf16: bool = option("train 16-bit weights without fp32 master copies on purpose, although Adam's updates "
                              "below half a 16-bit step round away (refused otherwise: launch/precision.py)",

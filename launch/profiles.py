@@ -13,6 +13,7 @@ from launch.adapter import Adapter
 from launch.errors import LaunchError
 from launch.constants import CUDA_ONLY_ATTENTION, SP_ATTENTION_KEY
 from launch.switches import is_on
+from launch.training_args import checkpointing
 
 # A smoke run: the tiny offline model and dataset, few steps, a loss and grad_norm logged at every step.
 SMOKE_TRAINING = {
@@ -32,7 +33,8 @@ SMOKE_TRAINING = {
     "dataset_num_proc": 1,
 }
 
-# On CPU: PyTorch's SDPA kernel (FlashAttention is CUDA-only), no Triton kernels (Liger), no fp16 (no CPU autocast for
+# On CPU: PyTorch's SDPA kernel (FlashAttention is CUDA-only), no Triton kernels: Liger's kernels are Triton, GPU only,
+# so the CPU profile turns off the `use_liger_kernel: true` of the recipes' GPU defaults; no fp16 (no CPU autocast for
 # it in Accelerate), and fp32 (CPU_FP32) unless the run asks for bf16 after `--` (`-- --bf16 true`): then the recipe's
 # own load dtype and bf16 autocast (torch's CPU autocast; DeepSpeed's bf16 module, FSDP2's param_dtype), as on a GPU.
 CPU_TRAINING = {
@@ -93,14 +95,47 @@ def cpu_notes(config: dict, training: dict) -> list[str]:
     return []
 
 
+def checkpointer(training: dict, accelerate: dict | None) -> str:
+    """Who checkpoints every decoder layer in this run, when it checkpoints: "FSDP" (the Accelerate config's own
+    `fsdp_activation_checkpointing`) when that is on, or when nothing checkpoints and the config is FSDP2 without an
+    adapter (FSDP's own is that family's way; an adapter cannot use it: `rules.adapter_with_fsdp_activation_checkpointing`);
+    else "transformers" (the training arguments). Read by the smoke profile and `--fastest`."""
+    accelerate = accelerate or {}
+    fsdp = accelerate.get("fsdp_config") or {}
+    if accelerate.get("distributed_type") != "FSDP":
+        return "transformers"
+    if is_on(fsdp.get("fsdp_activation_checkpointing", False)):
+        return "FSDP"
+    if checkpointing(training).enabled:
+        return "transformers"
+    fsdp2 = int(fsdp.get("fsdp_version") or 1) == 2
+    return "FSDP" if fsdp2 and Adapter.from_training(training) is None else "transformers"
+
+
+def smoke_checkpointing(config: dict, accelerate: dict | None = None) -> tuple[dict, dict]:
+    """(training overrides, Accelerate launch overrides) that keep a smoke run checkpointing every layer, as every
+    recipe's smoke metrics were recorded, where its GPU default turns checkpointing off (the speed settings `plan
+    --fastest` chose for the recipe's GPUs), by whoever checkpoints in that recipe (`training_args.checkpointer`:
+    FSDP's own for fsdp2, as it recorded them). Nothing where the recipe checkpoints already."""
+    fsdp = (accelerate or {}).get("fsdp_config") or {}
+    if checkpointing(config).enabled or ((accelerate or {}).get("distributed_type") == "FSDP"
+                                         and is_on(fsdp.get("fsdp_activation_checkpointing", False))):
+        return {}, {}
+    if checkpointer(config, accelerate) == "FSDP":
+        return {}, {"fsdp_activation_checkpointing": True}
+    return {"activation_checkpointing": True}, {}
+
+
 def profile_name(smoke_run: bool, cpu: bool) -> str:
     return f"{'smoke' if smoke_run else 'full'}-{'cpu' if cpu else 'gpu'}"
 
 
-def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print, bf16: bool = False) -> dict:
-    """The profile's training arguments. `bf16`: the run computes in bf16 (a GPU run's default; on CPU only when asked
-    for with `-- --bf16 true`): a smoke run then loads the smoke model's bf16 copy (`smoke.ensure_bf16_model`), as a
-    real run loads a bf16 checkpoint, so that a recipe loading it in fp32 and one loading it in bf16 start equal."""
+def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print, accelerate: dict | None = None,
+                       bf16: bool = False) -> dict:
+    """The profile's training arguments. `accelerate`: the recipe's Accelerate config (who checkpoints, for
+    `smoke_checkpointing`; None: not FSDP). `bf16`: the run computes in bf16 (a GPU run's default; on CPU only when
+    asked for with `-- --bf16 true`): a smoke run then loads the smoke model's bf16 copy (`smoke.ensure_bf16_model`),
+    as a real run loads a bf16 checkpoint, so that a recipe loading it in fp32 and one loading it in bf16 start equal."""
     out: dict = {}
     if smoke_run:
         try:
@@ -116,6 +151,7 @@ def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print,
         # the recipe's own load dtype (its precision: fp32 masters or not, launch.precision), fp32 on CPU (CPU_FP32)
         if config.get("join_documents_min_chars"):  # the smoke data are chats, not documents to join
             out["join_documents_min_chars"] = 0
+        out.update(smoke_checkpointing(config, accelerate)[0])
         if Adapter.from_training(config) is not None:
             # LoRA dropout draws a random mask per rank and micro-batch, so layouts with equal tokens per step (2
             # processes, 1 process x accumulation 2, ZeRO-3) would train differently; the smoke run is deterministic.

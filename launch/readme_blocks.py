@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
-from launch import REPO_ROOT, copies, floors, hub
+from launch import REPO_ROOT, copies, floors, hub, memory
 from launch.catalog import recipe_rows
 from launch.memory_plan import default_target, plan_memory
 from launch.options import Options
@@ -49,13 +50,20 @@ def fits_on(folder: Path) -> str:
                     progress=lambda *_: None)
     config = hub.read_model_config(str(config_dir))
     target = default_target(setup)
-    plan = plan_memory(setup, target, model=config)
-    longest = plan_memory(setup, target, auto=True, model=config).longest
+    # the recipe's own settings (its config's env: block), not this process's environment
+    plan = plan_memory(setup, target, model=config, environ={})
+    longest = plan_memory(setup, target, auto=True, model=config, environ={}).longest
     est = plan.estimate
     biggest = max(est.host_terms, key=lambda term: term.gib, default=None)
     host = f"; host memory {est.host_per_node_gib:,.0f} GiB per node" + (
         f" (most of it: {biggest.name})" if biggest is not None and est.host_per_node_gib >= 16 else "")
     verdict = "fits" if plan.fits else "DOES NOT FIT"
+    if not plan.run.gradient_checkpointing:  # its speed settings do without: how far checkpointing would take it
+        checkpointed = memory.longest_length(plan.arch, replace(plan.run, gradient_checkpointing=True),
+                                             target.gpu_memory_gib, target.host_memory_gib, plan.multiple)
+        longer = f" ({checkpointed:,} with activation checkpointing on)"
+    else:
+        longer = ""
     machines = f"{target.nodes} machines x " if target.nodes > 1 else ""
     precision = plan.run.precision
     masters = f"fp32 masters: {precision.master}" if precision.master else "pure 16-bit, no fp32 masters"
@@ -63,7 +71,7 @@ def fits_on(folder: Path) -> str:
             f"{machines}{target.gpus_per_node} x 80 GB GPUs ({target.gpu_memory_gib:g} GiB each) with "
             f"{est.gpu_peak_gib:.1f} GiB per GPU at max_length {plan.max_length:,} ({est.per_rank_length:,} tokens per "
             f"rank; largest term: {est.largest_gpu_term().name}; {precision.bytes_per_param} bytes per trained "
-            f"parameter, {masters}){host}; the longest max_length that fits: {longest:,}.\n")
+            f"parameter, {masters}){host}; the longest max_length that fits: {longest:,}{longer}.\n")
 
 
 # name -> function(recipe folder) -> the block's text
@@ -116,14 +124,15 @@ def recipe_table(body: str | None) -> str:
     if body is not None:
         listed = {m.group("name") for m in RECIPE_LINK.finditer(body)}
         names = [name for name in names if name in listed]
-    rows = ["| recipe | strategy | GPUs | GPU defaults | smoke run on CPU (CI) | what it is for |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| recipe | strategy | GPUs | GPU defaults | speed settings (checkpointing, Liger, micro-batch x accumulation) "
+            "| smoke run on CPU (CI) | what it is for |",
+            "|---|---|---|---|---|---|---|"]
     for r in recipe_rows(names):
         model = ", ".join(name.rsplit("/", 1)[-1] for name in (r["model"], r["dataset"]) if name)
         length = f", {r['max_length']:,} tokens" if isinstance(r["max_length"], int) else ""
         cpu = f"{r['cpu_processes']} processes, judged" if r["cpu_verified"] else "not recorded"
         rows.append(f"| [`{r['name']}`](recipes/{r['name']}/README.md) | {r['strategy']} | {r['processes']} | "
-                    f"{model}{length} | {cpu} | {r['purpose']} |")
+                    f"{model}{length} | {r['speed']} | {cpu} | {r['purpose']} |")
     return "\n".join(rows) + "\n"
 
 

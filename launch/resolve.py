@@ -23,6 +23,8 @@ from launch.recipes import Recipe, find_recipe
 from launch.switches import is_on
 from launch.training_args import AFTER_DASHES, Checkpointing, Layer, checkpointing, explicit_keys, merge
 
+FASTEST = "the --fastest choice"  # the layer of training arguments `--fastest` chose (launch.fastest)
+
 
 @dataclass
 class Setup:
@@ -85,10 +87,12 @@ def _check_numbers(options: Options) -> None:
         raise LaunchError(f"{', '.join(bad)}: process counts and mesh sizes must be at least 1.")
 
 
-def resolve(options: Options, progress=print) -> Setup:
+def resolve(options: Options, progress=print, fastest: tuple[list[str], dict] | None = None) -> Setup:
     """The run `options` ask for, in four steps: the layout a smoke run inherits from its recorded invocation, the
     Accelerate config with this run's overrides, the launcher's own training arguments, and the merge of every
-    source of training arguments in the recipe's own parser. Reads only; a refusal is a LaunchError."""
+    source of training arguments in the recipe's own parser. `fastest`: the settings `--fastest` chose (training
+    argv, Accelerate launch overrides; `launch.fastest.arguments`), below what the user gave after `--`. Reads only;
+    a refusal is a LaunchError."""
     _check_numbers(options)
     # `record` writes expected_metrics.json: a recipe without one yet is what it is for
     recipe = find_recipe(options.recipe, optional=("expected_metrics.json",) if options.record else ())
@@ -109,11 +113,17 @@ def resolve(options: Options, progress=print) -> Setup:
     # The recipe's own values are checked as written, even where the smoke profile replaces them.
     own = merge(make_parser, recipe.config_path, config, [Layer(AFTER_DASHES, list(options.extra))])
     bf16 = _computes_in_bf16(options, recipe.accelerate, own)
-    accel_overrides = _accelerate_overrides(options, recipe.accelerate, num_processes, mesh, bf16)
+    fastest_argv, fastest_accelerate = fastest or ([], {})
+    if fastest_argv or fastest_accelerate:  # another run than the recorded one, if it changes anything
+        invocation["fastest"] = {"training_args": list(fastest_argv), "accelerate": dict(fastest_accelerate)}
+    # later wins: the smoke profile's checkpointing, the --fastest choice, this run's own overrides
+    smoke_accelerate = profiles.smoke_checkpointing(config, recipe.accelerate)[1] if options.smoke else {}
+    accel_overrides = {**smoke_accelerate, **fastest_accelerate,
+                       **_accelerate_overrides(options, recipe.accelerate, num_processes, mesh, bf16)}
     accelerate = _with_overrides(recipe.accelerate, accel_overrides)
     output_dir = _output_dir(options, own, recipe, config, profile)
     launcher = _launcher_arguments(options, recipe, output_dir)
-    layers = _training_layers(options, recipe, config, recorded, launcher, progress, bf16)
+    layers = _training_layers(options, recipe, config, recorded, launcher, progress, fastest_argv, bf16)
     training = merge(make_parser, recipe.config_path, config, layers)
     if options.cpu:
         notes += profiles.cpu_notes(config, training)
@@ -254,11 +264,15 @@ def rendezvous_conf(accelerate: dict) -> dict:
 
 
 def _with_overrides(accelerate: dict, overrides: dict) -> dict:
-    """The Accelerate config as the run gets it: a mesh size goes into its `parallelism_config`, the rest on top."""
+    """The Accelerate config as the run gets it: a mesh size goes into its `parallelism_config`, an `fsdp_*` flag into
+    its `fsdp_config` (as `accelerate launch` reads them, commands/launch.py: `fsdp_config.x` is `--fsdp_x`), the rest
+    on top."""
     out = dict(accelerate)
     for key, value in overrides.items():
         if key.startswith("parallelism_config_"):
             out["parallelism_config"] = {**(out.get("parallelism_config") or {}), key: value}
+        elif key.startswith("fsdp_") and isinstance(out.get("fsdp_config"), dict):
+            out["fsdp_config"] = {**out["fsdp_config"], key: value}
         else:
             out[key] = value
     return out
@@ -280,18 +294,19 @@ def _launcher_arguments(options: Options, recipe: Recipe, output_dir: Path) -> d
 # --- step 4: the merge ------------------------------------------------------------------------------------------------
 
 def _training_layers(options: Options, recipe: Recipe, config: dict, recorded: dict, launcher: dict,
-                     progress, bf16: bool = False) -> list[Layer]:
+                     progress, fastest_argv: list[str], bf16: bool = False) -> list[Layer]:
     """The training argv after `--config config.yaml`, by source, for the recipe's parser to merge over config.yaml
     (later layers win, as in the ranks' parser): the smoke/CPU profile's, a measurement's (--bench, --synthetic:
-    nothing saved), the recorded smoke invocation's, the user's after `--`, the launcher's. Empty layers are left
-    out."""
+    nothing saved), the recorded smoke invocation's, the `--fastest` choice's, the user's after `--`, the launcher's.
+    Empty layers are left out."""
     layers = [
         Layer("the smoke/CPU profile", profiles.as_argv(profiles.training_overrides(
-            config, options.smoke, options.cpu, progress=progress, bf16=bf16))),
+            config, options.smoke, options.cpu, progress=progress, accelerate=recipe.accelerate, bf16=bf16))),
         Layer("--bench/--synthetic (a measurement saves nothing)",
               profiles.as_argv(profiles.measure_only(options.bench, options.synthetic, options.save_steps))),
         Layer(f"the recorded smoke invocation in {recipe.expected_metrics_path}",
               list(recorded.get("training_args") or [])),
+        Layer(FASTEST, list(fastest_argv)),
         Layer(AFTER_DASHES, list(options.extra)),
         Layer("the launcher's options", profiles.as_argv(launcher)),
     ]

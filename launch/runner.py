@@ -21,7 +21,7 @@ from launch.results import judge
 from launch.results.expected import profile_entry
 from launch.results.history import read_history, run_totals, step_metrics
 from launch.machine import gpu_info, gpu_memory_gib, host_memory_gib, installed_versions, provenance
-from launch.memory_plan import GPU_MEMORY_GIB, default_target, describe, plan_memory
+from launch.memory_plan import GPU_MEMORY_GIB, SPARE, default_target, describe, plan_memory
 from launch.resolve import rendezvous_conf, resolve
 
 # Hang timeout floors (seconds), per profile kind; the watchdog also scales them with the slowest step it sees.
@@ -152,11 +152,19 @@ def wait_for_rendezvous(host: str, port: int, timeout: float) -> None:
                       "has started, and the firewall; --rendezvous-timeout sets this wait.")
 
 
-def launch(options, dry_run: bool = False) -> int:
+def launch(options, dry_run: bool = False, choose=None) -> int:
+    """One run. `choose(options, setup) -> (setup, search)`: for `--fastest`, the speed settings chosen for this
+    machine and the run resolved again with them (`launch.commands.run.fastest_setup`; the search, duck-typed, goes
+    into the summary)."""
     # multi-node: a flag, else the variables of the scheduler that started us (SLURM, SkyPilot, a TrainJob)
     rendezvous = envvars.rendezvous(options)
     options = dataclasses.replace(options, **rendezvous.options())
     setup = resolve(options, progress=say)
+    found = None
+    if options.fastest:
+        if choose is None:
+            raise LaunchError("--fastest is chosen by `python -m launch RECIPE --fastest` (launch/commands/run.py).")
+        setup, found = choose(options, setup)
     if envvars.doctor_at_start() and not dry_run:
         if doctor.run_doctor(setup, strict=True, out=lambda m: say(f"doctor: {m}")):
             raise LaunchError("The environment check failed (see the PROBLEM lines above); nothing was started.")
@@ -191,6 +199,10 @@ def launch(options, dry_run: bool = False) -> int:
               f"positions                {source} (the model's config was not read)", flush=True)
     if facts.memory is not None and (dry_run or not options.cpu):
         print(describe(facts.memory), flush=True)
+        if facts.memory.fits and not facts.memory.fits_with_spare and not options.cpu:
+            say(f"the planner predicts {facts.memory.estimate.gpu_peak_gib:.1f} GiB per GPU of "
+                f"{facts.memory.target.gpu_memory_gib:.1f}: within the launcher's {SPARE:.0%} spare (the planner's "
+                "measured error), so it may not fit; --fastest never chooses such settings")
     print(command.display(cmd), flush=True)
     for note in setup.notes + (claim.notes if claim else []):
         say(note)
@@ -227,12 +239,12 @@ def launch(options, dry_run: bool = False) -> int:
     outdir.claim(claim, command=" ".join(cmd), run=checkpoints.identity(setup))
     try:
         setup.folder.check_writable()
-        return _run(setup, cmd, facts, sentinel_env)
+        return _run(setup, cmd, facts, sentinel_env, found)
     finally:
         outdir.release(claim)
 
 
-def _run(setup, cmd, facts, sentinel_env: dict) -> int:
+def _run(setup, cmd, facts, sentinel_env: dict, found=None) -> int:
     folder = setup.folder
     log_path = folder.log
     log_start = log_path.stat().st_size if log_path.exists() else 0
@@ -292,6 +304,8 @@ def _run(setup, cmd, facts, sentinel_env: dict) -> int:
         "verdict": verdict,
         "tracking": tracking.summary(setup),
         "saves": setup.saves,  # what the run keeps besides its logs: checkpoints, final weights, or "nothing"
+        # --fastest: the speed settings chosen for this machine, what they set, the candidates (None without it)
+        "fastest": None if found is None else {**found.as_json(), "applied": setup.invocation.get("fastest")},
     }
     summary["bench"] = bench_report(setup, facts, folder.bench)
     # the job's tokens/s after warm-up, all processes together: the figure the bench's console line prints

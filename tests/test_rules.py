@@ -164,7 +164,7 @@ def test_pure_bf16_adapters_are_checked_at_their_own_size(tmp_path):
 
 @shows(rules.checkpointing_not_twice)
 def test_fsdp_activation_checkpointing_and_gradient_checkpointing(tmp_path):
-    folder = make_recipe(tmp_path, base="ddp", accelerate={
+    folder = make_recipe(tmp_path, base="ddp", config={"activation_checkpointing": True}, accelerate={
         "distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2, "fsdp_activation_checkpointing": True}})
     sync_script(folder / "train.py", out=lambda line: None)  # an FSDP recipe's script holds sharded-final-save
     [msg] = messages(resolve(Options(recipe=str(folder))))
@@ -616,7 +616,8 @@ def test_the_preflight_passes_a_lora_run_that_fits_and_stops_the_full_fine_tune_
     """Issue 26: the memory rule reads the planner, which knows adapters: Qwen3-8B LoRA (2 x 4096 tokens per step and
     GPU) fits one 24 GiB GPU, the same run as a full fine-tune does not."""
     lora = {"use_peft": True, "lora_target_modules": ["all-linear"], "model_name_or_path": "Qwen/Qwen3-8B",
-            "dtype": "bfloat16", "max_length": 4096, "per_device_train_batch_size": 2, "attn_implementation": "sdpa"}
+            "dtype": "bfloat16", "max_length": 4096, "per_device_train_batch_size": 2, "attn_implementation": "sdpa",
+            "activation_checkpointing": True}  # what a 24 GB GPU needs (ddp's GPU default does without)
     model = hub.read_model_config(str(MODEL_CONFIGS / "Qwen--Qwen3-8B"))
     one_gpu = Target(1, 1, 24.0)
     setup = resolve(Options(recipe=str(make_recipe(tmp_path, base="ddp", config=lora)), num_processes=1))
@@ -658,8 +659,10 @@ def test_an_fsdp_state_dict_type_that_writes_no_weights_is_refused(tmp_path):
 
 @shows(rules.adapter_with_fsdp_activation_checkpointing)
 def test_an_adapter_under_fsdp_activation_checkpointing_is_refused(tmp_path):
-    """fsdp2's Accelerate config checkpoints the FSDP way: with an adapter the saved adapter would be empty."""
-    folder = make_recipe(tmp_path, base="fsdp2", config={"use_peft": True})
+    """An Accelerate config that checkpoints the FSDP way (fsdp2's, where memory needs it): with an adapter the saved
+    adapter would be empty."""
+    fsdp = {**find_recipe("fsdp2").accelerate["fsdp_config"], "fsdp_activation_checkpointing": True}
+    folder = make_recipe(tmp_path, base="fsdp2", config={"use_peft": True}, accelerate={"fsdp_config": fsdp})
     msg = rules.adapter_with_fsdp_activation_checkpointing(resolve(Options(recipe=str(folder))), facts())
     assert "would hold 0 tensors, silently" in msg and "fsdp_activation_checkpointing: false" in msg
     assert rules.adapter_with_fsdp_activation_checkpointing(resolve(Options(recipe="fsdp2")), facts()) is None

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 
+from launch import fastest
 from launch.commands import command
 from launch.errors import LaunchError
 from launch.hub import model_problem
@@ -34,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"memory per GPU in GiB as torch reports it (default {GPU_MEMORY_GIB}: an 80 GB H100/A100)")
     p.add_argument("--host-memory", type=float, metavar="GIB", help="host memory per node in GiB (default: unknown)")
     p.add_argument("--max-length", metavar="L|auto", help="plan this global sequence length, or find the longest")
-    add_options(p, ("model", "mesh"))  # a plan reads only the model's config.json
+    add_options(p, ("model", "mesh", "fastest"))  # a plan reads only the model's config.json
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", action="store_true",
                    help="also trace one training step of the real model under fake tensors (CPU, no memory used; "
@@ -79,12 +80,17 @@ def main(argv: list[str]) -> int:
         print(describe(dataclasses.replace(plan, longest=None)))  # not "the longest length that fits: 0 tokens"
         return 1
     traced = trace_plan(plan, setup) if ns.trace else None
+    # --fastest: the speed settings searched on the target (a GPU machine set up from the image's lock)
+    found = fastest.search(setup, plan, liger_installed=fastest.liger_in_image_lock()) if ns.fastest else None
     if ns.json:
-        print(json.dumps({**plan.as_json(), **({"trace": traced[1]} if traced else {})}, indent=2))
+        print(json.dumps({**plan.as_json(), **({"trace": traced[1]} if traced else {}),
+                          **(found.as_json() if found else {})}, indent=2))
         return 0 if plan.fits and (plan.longest or not auto) else 1
     print(plan.layout.describe())  # the run's layout at the planned length (with auto: the length found)
     print(plan.run.precision.describe())  # what the bytes per parameter come from (launch.precision)
     print(describe(plan))
     if traced:
         print(traced[0])
+    if found:
+        print(fastest.describe(found))
     return 0 if plan.fits else 1
