@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from launch import (checkpoints, command, doctor, envvars, hub, interrupt, outdir, profiles, rules, sentinel, supervise,
-                    throughput, tracking, upstream_warnings)
+                    throughput, throughput_model, tracking, upstream_warnings)
 from launch.rank import monitor
 from launch.rank.measure import SYNC_ENV as MEASURE_SYNC_ENV
 from launch.errors import LaunchError
@@ -334,8 +334,16 @@ def bench_report(setup, facts, folder: Path) -> dict | None:
     memory), each memory figure beside the planner's prediction for the same run. The per-step table is printed
     with --bench."""
     plan = facts.memory
+    flops = predicted = None
+    if plan is not None:
+        try:
+            names = [] if setup.options.cpu else gpu_info()[1]
+            cost = throughput_model.predict(plan.arch, plan.run, throughput.gpu_peak_flops(names[0]) if names else None)
+            flops, predicted = cost.flops, cost.tokens_per_s_per_gpu
+        except (TypeError, ValueError, ZeroDivisionError):  # a shape the throughput model does not know
+            pass
     report = throughput.report(folder, plan.arch if plan else None, setup.layout.max_length,
-                          plan.estimate if plan else None)
+                               plan.estimate if plan else None, flops, predicted)
     if report is None:
         say("bench: no rank wrote measurements")
         return None

@@ -45,6 +45,10 @@ GPU_PEAK_BF16 = [
 CONVENTIONS = {
     "mfu": "non-causal: 6N + 12*L*H*d*S FLOPs per token (torchtitan, llm-foundry; recomputation not counted)",
     "mfu_causal": "causal-discounted: 6N + 6*L*H*d*S FLOPs per token (attention halved; TRL PR #6846)",
+    "hfu": "HFU: the non-causal MFU's FLOPs plus activation checkpointing's recomputed forward (2*N_layers + "
+           "4*L*H*d*S per token; launch/throughput_model.py)",
+    "mfu_frozen_base": "frozen base (NeMo Automodel's LoRA convention): the causal-discounted FLOPs x (2 + trainable / "
+                       "frozen) / 3, no weight-gradient matmuls for the frozen base",
 }
 
 
@@ -95,8 +99,10 @@ def _read_ranks(folder: Path) -> list[dict]:
     return sorted(ranks, key=lambda r: r.get("rank", 0))
 
 
-def summarize(folder: Path, arch=None, seq_len: int | None = None) -> dict | None:
-    """Combine the ranks' files into per-step, per-rank and overall figures; None when no rank wrote any."""
+def summarize(folder: Path, arch=None, seq_len: int | None = None, flops: dict | None = None) -> dict | None:
+    """Combine the ranks' files into per-step, per-rank and overall figures; None when no rank wrote any. `flops`:
+    FLOPs per token in the throughput model's other conventions (`launch.throughput_model.flops_per_token`):
+    "hardware" gives the HFU (recomputation counted), "frozen_base_causal" an adapter run's MFU in NeMo's convention."""
     ranks = _read_ranks(folder)
     if not ranks:
         return None
@@ -167,6 +173,11 @@ def summarize(folder: Path, arch=None, seq_len: int | None = None) -> dict | Non
         "mfu_convention": CONVENTIONS["mfu"] + (f", against {peak / 1e12:.0f} TFLOP/s dense BF16 ({device})" if peak
                                                 else ", against no known peak"),
         "mfu_causal_convention": CONVENTIONS["mfu_causal"],
+        "hfu": mfu(tps, flops["hardware"], peak) if flops and tps and "hardware" in flops else None,
+        "hfu_convention": CONVENTIONS["hfu"],
+        "mfu_frozen_base_causal": mfu(tps, flops["frozen_base_causal"], peak)
+        if flops and tps and "frozen_base_causal" in flops else None,
+        "mfu_frozen_base_convention": CONVENTIONS["mfu_frozen_base"] if flops and "frozen_base_causal" in flops else None,
         "mfu_note": note,
         "peak_allocated_gib": worst("max_allocated_gib"),
         "peak_reserved_gib": worst("max_reserved_gib"),
@@ -208,13 +219,17 @@ def memory_vs_plan(summary: dict, predicted: dict | None) -> list[dict]:
     return rows
 
 
-def report(folder: Path, arch=None, seq_len: int | None = None, estimate=None) -> dict | None:
+def report(folder: Path, arch=None, seq_len: int | None = None, estimate=None, flops: dict | None = None,
+           predicted_tokens_per_s_per_gpu: float | None = None) -> dict | None:
     """What the launcher puts under "bench" in run_summary.json: `summarize` plus the planner's prediction beside
-    every measured memory figure. None when no rank wrote measurements."""
-    summary = summarize(folder, arch, seq_len)
+    every measured memory figure, and the throughput model's tokens/s per GPU beside the measured (`flops` and the
+    prediction: `launch.throughput_model`, computed by the caller). None when no rank wrote measurements."""
+    summary = summarize(folder, arch, seq_len, flops)
     if summary is None:
         return None
     predicted = prediction(estimate)
+    if predicted is not None and predicted_tokens_per_s_per_gpu is not None:
+        predicted["tokens_per_s_per_gpu"] = predicted_tokens_per_s_per_gpu
     summary["predicted"] = predicted
     summary["memory_vs_plan"] = memory_vs_plan(summary, predicted)
     return summary
@@ -248,12 +263,23 @@ def format_report(summary: dict, per_step: bool = True) -> str:
         else:
             mfu_text = "MFU omitted (the model's architecture or the sequence length is unknown)"
         median = f"step {o['step_time_s_median']:.3f} s (median), " if o["step_time_s_median"] is not None else ""
+        if mfu_shown and o.get("hfu") is not None:
+            mfu_text += f", HFU {_pct(o['hfu'])}"
+        if mfu_shown and o.get("mfu_frozen_base_causal") is not None:
+            mfu_text += f", frozen-base MFU {_pct(o['mfu_frozen_base_causal'])} (NeMo's convention)"
+        want = (summary.get("predicted") or {}).get("tokens_per_s_per_gpu")
+        expected = f"; predicted {want:,.0f} per {unit} (launch/throughput_model.py)" if want and o["device"] != "cpu" \
+            else ""
         # tokens_per_s: the figure run_summary.json also holds as `tokens_per_second` (launch.runner)
         lines.append(f"  overall: {median}{o['tokens_per_s']:.1f} tokens/s ({o['tokens_per_s_per_gpu']:.1f} per "
-                     f"{unit}), {mfu_text}")
+                     f"{unit}{expected}), {mfu_text}")
     if mfu_shown:  # the conventions of the figures above; an omitted MFU has none to explain
         lines.append(f"  MFU {o['mfu_convention']}")
         lines.append(f"  MFU {o.get('mfu_causal_convention', CONVENTIONS['mfu_causal'])}")
+        if o.get("hfu") is not None:
+            lines.append(f"  {o['hfu_convention']}")
+        if o.get("mfu_frozen_base_convention"):
+            lines.append(f"  MFU {o['mfu_frozen_base_convention']}")
     rows = summary.get("memory_vs_plan")
     if rows is None:  # summarize() alone: the measured figures, no prediction
         rows = memory_vs_plan(summary, None)
