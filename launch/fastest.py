@@ -115,8 +115,8 @@ class Search:
 
 
 def checkpointing_by(setup) -> str:
-    """Who checkpoints in this run when it does (`launch.training_args.checkpointer`): FSDP's own (the Accelerate
-    config's `fsdp_activation_checkpointing`) or transformers' (the training arguments)."""
+    """Who checkpoints in this run when it does (`launch.profiles.checkpointer`): FSDP's own (the Accelerate config's
+    `fsdp_activation_checkpointing`) or transformers' (the training arguments)."""
     return checkpointer(setup.training, setup.accelerate)
 
 
@@ -166,9 +166,11 @@ def search(setup, plan: MemoryPlan, *, liger_installed: bool, peak_flops: float 
     fixed = user_given(setup)
     no_liger = liger_allowed(setup, run, liger_installed)
     if "use_liger_kernel" in fixed:
-        livers = [run.liger_kernels]
+        ligers, liger_note = [run.liger_kernels], "as given after `--`"
+    elif no_liger:
+        ligers, liger_note = [False], f"off: {no_liger}"
     else:
-        livers = [False] if no_liger else [False, True]
+        ligers, liger_note = [False, True], "on and off"
     if "activation_checkpointing" in fixed or "activation_checkpointing_kwargs" in fixed:
         modes = [(run.gradient_checkpointing, run.offload_activations)]
     else:
@@ -183,7 +185,7 @@ def search(setup, plan: MemoryPlan, *, liger_installed: bool, peak_flops: float 
         total = batch * accumulation
         layouts = [(b, total // b) for b in range(1, total + 1) if total % b == 0]
     candidates = []
-    for (ckpt, offload), (b, g), liger in itertools.product(modes, layouts, livers):
+    for (ckpt, offload), (b, g), liger in itertools.product(modes, layouts, ligers):
         settings = Settings(ckpt, offload, b, g, liger)
         shaped = replace(run, gradient_checkpointing=ckpt, offload_activations=offload, liger_kernels=liger,
                          layout=replace(run.layout, per_device_train_batch_size=b, gradient_accumulation_steps=g))
@@ -205,8 +207,7 @@ def search(setup, plan: MemoryPlan, *, liger_installed: bool, peak_flops: float 
         # within TIE of the fastest that fits, the model cannot tell them apart: the most headroom wins
         near = [c for c in fitting if c.cost.step_s <= fitting[0].cost.step_s * (1 + TIE)]
         chosen = min(near, key=lambda c: c.plan.estimate.gpu_peak_gib)
-    return Search(candidates, chosen, by, "on and off" if "use_liger_kernel" not in fixed and not no_liger
-                  else ("as given after `--`" if "use_liger_kernel" in fixed else f"off: {no_liger}"), fixed)
+    return Search(candidates, chosen, by, liger_note, fixed)
 
 
 def arguments(setup, settings: Settings) -> tuple[list[str], dict]:
@@ -252,9 +253,12 @@ def _ckpt_label(s: Settings, by: str) -> str:
 def describe(found: Search) -> str:
     """The ranked table `plan --fastest` prints, the choice and why each faster candidate does not fit."""
     target = found.candidates[0].plan.target if found.candidates else None
-    lines = [f"Candidates (fastest first; predicted on one GPU by the throughput model, launch/throughput_model.py; "
-             f"memory by the planner against {target.gpu_memory_gib:g} GiB per GPU, fitting with the launcher's "
-             f"{SPARE:.0%} spare: at most {target.gpu_memory_gib * (1 - SPARE):.1f} GiB" if target else "",
+    cpu = bool(found.candidates) and found.candidates[0].plan.run.device == "cpu"
+    lines = [f"Candidates (fastest first; predicted on one GPU by the throughput model, launch/throughput_model.py"
+             + ("; a CPU run is ranked as if on that GPU" if cpu else "")
+             + f"; memory by the planner against {target.gpu_memory_gib:g} GiB per "
+             + ("process" if cpu else "GPU") + f", fitting with the launcher's {SPARE:.0%} spare: at most "
+             f"{target.gpu_memory_gib * (1 - SPARE):.1f} GiB" if target else "",
              f"  checkpointing by {found.checkpointing_by}; Liger: {found.liger}"
              + (f"; kept as given after `--`: {', '.join(found.fixed)}" if found.fixed else "") + ")"]
     head = (f"  {'#':>2}  {'checkpointing':<26} {'Liger':<5} {'batch x acc':>11}  {'peak GiB':>8}  {'fits':<4}  "

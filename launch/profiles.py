@@ -115,7 +115,7 @@ def checkpointer(training: dict, accelerate: dict | None) -> str:
 def smoke_checkpointing(config: dict, accelerate: dict | None = None) -> tuple[dict, dict]:
     """(training overrides, Accelerate launch overrides) that keep a smoke run checkpointing every layer, as every
     recipe's smoke metrics were recorded, where its GPU default turns checkpointing off (the speed settings `plan
-    --fastest` chose for the recipe's GPUs), by whoever checkpoints in that recipe (`training_args.checkpointer`:
+    --fastest` chose for the recipe's GPUs), by whoever checkpoints in that recipe (`checkpointer`:
     FSDP's own for fsdp2, as it recorded them). Nothing where the recipe checkpoints already."""
     fsdp = (accelerate or {}).get("fsdp_config") or {}
     if checkpointing(config).enabled or ((accelerate or {}).get("distributed_type") == "FSDP"
