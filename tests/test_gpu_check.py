@@ -199,19 +199,24 @@ def test_the_row_list_quick_set_and_order():
     Row = check.Row
     quick = check.parse(["--quick"])
     assert (quick.only, quick.warmup, quick.steps, quick.budget_s) == ("doctor,throughput", 2, 6, 480)
-    assert check.select_rows(quick) == [Row("Qwen3-1.7B", "ddp", 2048), Row("Qwen3-4B", "fsdp2", 4096),
-                                        Row("Qwen3-8B", "lora", 4096), Row("Qwen3-4B", "zero3", 8192)]
+    # the rows measured on an H100 before, each at the speed settings it was measured with and with --fastest
+    measured = [(r.model, r.recipe, r.max_length) for r in check.QUICK if r.variant == "as measured"]
+    assert measured == [("Qwen3-1.7B", "ddp", 2048), ("Qwen3-4B", "fsdp2", 4096), ("Qwen3-8B", "lora", 4096)]
+    assert all(Row(*m, ("--fastest",)) == check.QUICK[check.QUICK.index(r) + 1]
+               for m, r in zip(measured, [r for r in check.QUICK if r.variant]))
+    assert check.select_rows(quick) == check.QUICK and check.QUICK[-1] == Row("Qwen3-4B", "zero3", 8192)
     # the published one-H100 figures are among them; a family per row
     assert {r.recipe for r in check.QUICK} == set(check.RECIPES)
     assert check.published("Qwen3-8B", "lora", 4096)["value"] == 12473
     assert check.published("Qwen3-4B", "zero3", 8192)["value"] == 2436
     everything = check.select_rows(check.parse([]))
-    assert everything[:4] == check.QUICK and len(everything) == len(set(everything)) == 4 * 2 * 4 + 2
+    # every model x length x recipe, and the QUICK rows not among them (the 4K rows and the variants)
+    assert everything[:7] == check.QUICK and len(everything) == len(set(everything)) == 4 * 2 * 4 + 6
     kinds = [0 if r in check.QUICK else 1 if check.published(r.model, r.recipe, r.max_length) else 2 for r in everything]
     assert kinds == sorted(kinds) and kinds.count(1) > 5
     assert check.select_rows(check.parse(["--models", "Qwen3-8B", "--recipes", "lora", "--lengths", "4096"])) == [
-        Row("Qwen3-8B", "lora", 4096)]
-    assert [r.model for r in check.select_rows(check.parse(["--quick", "--models", "Qwen3-4B"]))] == ["Qwen3-4B"] * 2
+        check.QUICK[4], Row("Qwen3-8B", "lora", 4096, ("--fastest",))]
+    assert [r.model for r in check.select_rows(check.parse(["--quick", "--models", "Qwen3-4B"]))] == ["Qwen3-4B"] * 3
     variant = Row("Qwen3-1.7B", "ddp", 2048, ("--use-something",))
     assert check.ordered([variant] + check.QUICK) == check.QUICK + [variant]  # a published row, after QUICK
     assert check.row_folder(variant) == "ddp-qwen3-1-7b-2048-use-something" != check.row_folder(check.QUICK[0])
@@ -251,23 +256,23 @@ def test_the_report_is_written_after_every_row_and_the_budget_stops_starting_row
     assert check.main(["--quick", "--cpu", "--budget-s", "300", "--out", str(out), "--work", str(tmp_path)]) == 0
     pending = check.PENDING
     # the time left less the launcher's stop (40 s): 300 - 10 (doctor) - 40, then 100 s less
-    assert seen == [([pending] * 4, 250), (["trains", pending, pending, pending], 150)]
+    assert seen == [([pending] * 7, 250), (["trains"] + [pending] * 6, 150)]
     raw = json.loads(stem.with_suffix(".json").read_text())
     results = [r["result"] for r in raw["throughput"]]
     assert results[:2] == ["trains", "trains"]
     # measured: start-up 100 - 8 x 0.5 = 96 s, and the rate of the first row; the 8B LoRA row has 9.0x its FLOPs
     # per step (16,384 tokens of a 3x larger model): 96 + 8 x 0.5 x 9.0 = 132 s, with 90 s left
     a = check.parse(["--quick", "--cpu"])
-    first, lora = check.QUICK[0], check.QUICK[2]
+    first, lora = check.QUICK[0], check.QUICK[4]
     ratio = check.flops_per_step(lora, check.CONFIGS / check.MODELS["Qwen3-8B"], a) / check.flops_per_step(
         first, check.CONFIGS / check.MODELS["Qwen3-1.7B"], a)
     assert 8.5 < ratio < 9.5
-    assert results[2] == f"skipped: about {96 + 8 * 0.5 * ratio:.0f} s needed, 90 s of --budget-s left"
-    assert results[3].startswith("skipped: about ") and results[3].endswith("s needed, 90 s of --budget-s left")
-    assert raw["budget"] == {"seconds": 300, "used": 210.0, "skipped": 2}
+    assert results[4] == f"skipped: about {96 + 8 * 0.5 * ratio:.0f} s needed, 90 s of --budget-s left"
+    assert all(r.startswith("skipped: about ") and r.endswith("s needed, 90 s of --budget-s left") for r in results[2:])
+    assert raw["budget"] == {"seconds": 300, "used": 210.0, "skipped": 5}
     report = stem.with_suffix(".md").read_text()
-    assert "Budget: 300 s (--budget-s); 210 s used; 2 row(s) not started" in report and pending not in report
-    assert "| Qwen3-8B | lora | - |" in report
+    assert "Budget: 300 s (--budget-s); 210 s used; 5 row(s) not started" in report and pending not in report
+    assert "| Qwen3-8B | lora (as measured) | - |" in report and "| Qwen3-8B | lora --fastest | - |" in report
     # a budget too short to stop a run in is refused
     with pytest.raises(SystemExit):
         check.parse(["--budget-s", "30"])

@@ -6,7 +6,7 @@ doctor and after every row: a check stopped by a time limit keeps what finished,
 Needs no network: the models are the config.json files of docs/model_configs/ (synthetic runs: random weights,
 random tokens), and no run tracks or saves anything (`TRAINING_ARGS`).
 
-    python benchmarks/gpu/check.py --quick              # doctor and 4 rows, at most 8 minutes (--budget-s 480)
+    python benchmarks/gpu/check.py --quick              # doctor and 7 rows, at most 8 minutes (--budget-s 480)
     python benchmarks/gpu/check.py                      # everything (hours with the ALST search, see README.md)
     python benchmarks/gpu/check.py --only doctor,throughput --models Qwen3-0.6B,Qwen3-1.7B --budget-s 540
     python benchmarks/gpu/check.py --only alst --alst-timeout 540
@@ -84,22 +84,40 @@ TRAINING_ARGS = ["--report_to", "none", "--save_strategy", "no"]
 @dataclass(frozen=True)
 class Row:
     """One throughput row: a model of MODELS (or "tiny"), a recipe, a max_length, and launcher options beyond the
-    check's own (e.g. a faster variant of the same row: one more line in QUICK or ROWS)."""
+    check's own (e.g. a faster variant of the same row: one more line in QUICK or ROWS); `training`: training
+    arguments of its own after `--`, and `variant`: what they are, in a few words (the report's label)."""
 
     model: str
     recipe: str
     max_length: int
     options: tuple[str, ...] = ()
+    training: tuple[str, ...] = ()
+    variant: str = ""
 
+    @property
+    def label(self) -> str:
+        return " ".join([self.recipe, *self.options] + ([f"({self.variant})"] if self.variant else []))
+
+
+# The speed settings the rows of launch/calibration.py were measured with (/work/shared/GPU-MEASURED.md: activation
+# checkpointing on, Liger off, each recipe's batch layout then), which the recipes' GPU defaults no longer use (`plan
+# --fastest` chose others): pinned, so that these rows stay comparable with the measured ones. fsdp2 checkpointed
+# FSDP's way then (an Accelerate setting no training argument reaches); transformers' way here: the same recomputation.
+AS_MEASURED = ("--activation_checkpointing", "true", "--use_liger_kernel", "false")
 
 # --quick, in this order: one row per recipe family at one size, three of them the rows measured on an H100 before
 # (/work/shared/GPU-MEASURED.md: Qwen3-1.7B ddp 2K, Qwen3-4B fsdp2 4K, Qwen3-8B lora 4K, so a new GPU or stack is
-# set against a known figure at once) and the two set against a published one-H100 figure (`PUBLISHED`: NeMo's 8B
-# LoRA at 4K, the Ulysses blog's Qwen3-4B ZeRO-3 at 8K).
+# set against a known figure at once), each followed by the same row with `--fastest` (the speed settings the
+# planner and the throughput model choose for this GPU: the speed-up measured, not predicted), and the two set
+# against a published one-H100 figure (`PUBLISHED`: NeMo's 8B LoRA at 4K, the Ulysses blog's Qwen3-4B ZeRO-3 at 8K).
 QUICK = [
-    Row("Qwen3-1.7B", "ddp", 2048),
-    Row("Qwen3-4B", "fsdp2", 4096),
-    Row("Qwen3-8B", "lora", 4096),
+    Row("Qwen3-1.7B", "ddp", 2048, training=AS_MEASURED, variant="as measured"),
+    Row("Qwen3-1.7B", "ddp", 2048, ("--fastest",)),
+    Row("Qwen3-4B", "fsdp2", 4096, training=AS_MEASURED, variant="as measured"),
+    Row("Qwen3-4B", "fsdp2", 4096, ("--fastest",)),
+    Row("Qwen3-8B", "lora", 4096, training=AS_MEASURED + ("--per_device_train_batch_size", "2",
+                                                          "--gradient_accumulation_steps", "2"), variant="as measured"),
+    Row("Qwen3-8B", "lora", 4096, ("--fastest",)),
     Row("Qwen3-4B", "zero3", 8192),
 ]
 
@@ -243,8 +261,8 @@ def _figure(bench: dict, what: str, measured_key: str, legacy_key: str | None):
 
 
 def row_folder(row: Row) -> str:
-    return f"{row.recipe}-{slug(row.model)}-{row.max_length}" + (f"-{slug(' '.join(row.options))}" if row.options
-                                                                   else "")
+    variant = " ".join([*row.options, row.variant]).strip()
+    return f"{row.recipe}-{slug(row.model)}-{row.max_length}" + (f"-{slug(variant)}" if variant else "")
 
 
 def run_throughput(spec: Row, model_dir: Path, a, work: Path, timeout: float | None = None) -> dict:
@@ -257,11 +275,12 @@ def run_throughput(spec: Row, model_dir: Path, a, work: Path, timeout: float | N
             a.warmup, "--bench-steps", a.steps, *options, *spec.options]
     args += ["--cpu"] if a.cpu else []
     args += ["--force"] if a.force else []
-    args += ["--", *training, "--max_length", length, "--logging_steps", "1"]
+    args += ["--", *training, "--max_length", length, "--logging_steps", "1", *spec.training]
     if a.batch:
         args += ["--per_device_train_batch_size", a.batch]
     rc, text, secs = launch(args, timeout, echo=print if a.verbose else None)
-    row = {"model": model, "recipe": recipe, "max_length": length, "options": list(spec.options), "rc": rc,
+    row = {"model": model, "recipe": recipe, "max_length": length, "options": list(spec.options),
+           "variant": spec.variant, "label": spec.label, "rc": rc,
            "seconds": round(secs, 1), "command": "python -m launch " + " ".join(map(str, args))}
     summary_path = out / "run_summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() and rc is not None else {}
@@ -502,6 +521,7 @@ PENDING = "not run yet (the check was still running when this report was written
 
 def skipped(row: Row, reason: str) -> dict:
     return {"model": row.model, "recipe": row.recipe, "max_length": row.max_length, "options": list(row.options),
+            "variant": row.variant, "label": row.label,
             "published": published(row.model, row.recipe, row.max_length), "result": reason}
 
 
@@ -606,7 +626,7 @@ def throughput_section(rows: list[dict], a) -> list[str]:
             cell = f"{figure} [{notes.index(note) + 1}]"
         else:
             cell = "none published"
-        recipe = " ".join([r["recipe"], *r.get("options", [])])
+        recipe = r.get("label") or " ".join([r["recipe"], *r.get("options", [])])
         cells = [r["model"], recipe, lay, attention(setup), checkpointing(setup), liger(setup),
                  f"{r['max_length']:,}", tokens, _range(sp.get("step_s"), ".3f"),
                  _range(sp.get("tokens_per_s_per_gpu"), ",.0f"), _pct(r.get("mfu")), _pct(r.get("mfu_causal")),
@@ -781,7 +801,7 @@ def main(argv: list[str] | None = None) -> int:
             row = run_throughput(spec, folder, a, work, timeout=budget.timeout(a))
             budget.learn(spec, folder, row, a)
         report.rows.append(row)
-        print(f"[check] {spec.model} {' '.join([spec.recipe, *spec.options])} {spec.max_length}: {row['result']}, "
+        print(f"[check] {spec.model} {spec.label} {spec.max_length}: {row['result']}, "
               f"{row.get('tokens_per_s_per_gpu') or 0:,.0f} tokens/s/GPU, MFU {_pct(row.get('mfu'))} non-causal, "
               f"{_pct(row.get('mfu_causal'))} causal ({row.get('seconds', 0)} s)", flush=True)
         report.write(rows[i + 1:])
