@@ -172,6 +172,8 @@ def test_every_recipes_gpu_defaults_are_the_fastest_that_fit(name):
     setup, found = _search(name)
     assert found.chosen is not None, fastest.describe(found)
     assert fastest.arguments(setup, found.chosen.settings) == ([], {}), fastest.describe(found)
+    data = found.as_json()  # what `plan RECIPE --fastest --json` adds
+    assert FIELDS <= set(data["fastest"]) and data["candidates"] and all(FIELDS <= set(c) for c in data["candidates"])
 
 
 def test_liger_is_never_chosen_on_cpu_without_it_or_under_the_tiled_mlp():
