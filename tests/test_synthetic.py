@@ -76,6 +76,7 @@ def synthetic_run(tmp_path_factory):
            "--model_name_or_path", str(model), "--dataset_name", "no/such-dataset", "--max_length", "48",
            "--per_device_train_batch_size", "2", "--max_steps", "3", "--logging_steps", "1", "--use_cpu", "true",
            "--bf16", "false", "--dtype", "float32", "--attn_implementation", "sdpa", "--report_to", "none",
+           "--use_liger_kernel", "false",  # as the CPU profile: the GPU default's Liger kernels are Triton, GPU only
            "--output_dir", str(out)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAUNCH_")}
     proc = subprocess.run(cmd, cwd=REPO, env={**env, **OFFLINE}, capture_output=True, text=True, timeout=300)
