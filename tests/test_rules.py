@@ -712,7 +712,11 @@ def test_liger_without_liger_kernel_is_refused_and_the_cpu_profile_says_it_turns
                           "not installed here: every rank would load the model and then stop with an ImportError")
     assert f"`pip install liger-kernel=={_pin('liger-kernel')}`" in msg and "`-- --use_liger_kernel false`" in msg
     assert rules.liger_kernel_installed(setup, facts()) is None
-    assert rules.liger_kernel_installed(resolve(Options(recipe="ddp")), _lacking("liger-kernel")) is None
+    off = resolve(Options(recipe="ddp", extra=["--use_liger_kernel", "false"]))
+    assert rules.liger_kernel_installed(off, _lacking("liger-kernel")) is None
+    # the recipes' GPU defaults turn Liger on (`plan --fastest`): a GPU machine without it is told so
+    assert rules.liger_kernel_installed(resolve(Options(recipe="ddp")), _lacking("liger-kernel")).startswith(
+        "`use_liger_kernel: true` (")
     # a recipe that turns Liger on: on CPU the profile turns it off, says so in one line, and nothing is refused
     folder = make_recipe(tmp_path, base="ddp", config={"use_liger_kernel": True})
     cpu = resolve(Options(recipe=str(folder), smoke=True, cpu=True), progress=lambda *_: None)
@@ -720,7 +724,8 @@ def test_liger_without_liger_kernel_is_refused_and_the_cpu_profile_says_it_turns
     assert rules.liger_kernel_installed(cpu, _lacking("liger-kernel")) is None
     assert cpu.notes == ["the CPU profile turns use_liger_kernel off: Liger's kernels are Triton kernels, which need "
                          "a GPU"]
-    assert resolve(Options(recipe="ddp", smoke=True, cpu=True), progress=lambda *_: None).notes == []
+    assert resolve(Options(recipe="ddp", smoke=True, cpu=True), progress=lambda *_: None).notes == cpu.notes
+    assert resolve(Options(recipe="alst-ulysses-8gpu", smoke=True, cpu=True), progress=lambda *_: None).notes == []
 
 
 @shows(rules.trackio_installed)
