@@ -121,6 +121,8 @@ class MeasuredRow:
     # peak memory of the row, GiB: torch's max allocated and max reserved, and the driver's device memory in use
     memory_gib: tuple[float, float, float] | None = None
     note: str = ""
+    # the load dtype the row ran with: every recipe then loaded bf16 (the ddp rows trained pure bf16, issue 34)
+    dtype: str = "bfloat16"
 
 
 MEASURED_ROWS = (

@@ -389,9 +389,10 @@ def predict(arch: Architecture, run: RunShape, peak_flops: float | None = None, 
 
 
 # ---- calibration --------------------------------------------------------------------------------------------------
-def row_run(row: calibration.MeasuredRow) -> tuple[Architecture, RunShape]:
+def row_run(row: calibration.MeasuredRow, dtype: str | None = None) -> tuple[Architecture, RunShape]:
     """(architecture, run shape) of a measured row: its recipe's configs on the row's process count, synthetic, at
-    the row's model, length, batch layout, Liger and checkpointing (as the measurement ran it)."""
+    the row's model, length, batch layout, Liger, checkpointing and load dtype (as the measurement ran it; `dtype`:
+    another load dtype, e.g. the recipe's own today)."""
     from launch import hub
     from launch.recipes import find_recipe
 
@@ -400,6 +401,7 @@ def row_run(row: calibration.MeasuredRow) -> tuple[Architecture, RunShape]:
     training = {**recipe.config, "max_length": row.max_length, "use_liger_kernel": row.liger,
                 "per_device_train_batch_size": row.per_device_train_batch_size,
                 "gradient_accumulation_steps": row.gradient_accumulation_steps, "synthetic": True,
+                "dtype": dtype or row.dtype,
                 "activation_checkpointing": row.checkpointing == "transformers",
                 "activation_checkpointing_kwargs": {"offload": row.offload} if row.checkpointing == "transformers"
                 else {}}

@@ -238,49 +238,36 @@ def test_calibration_against_published_measurements():
             assert r["bound"] == "at least" and r["predicted"] >= r["published"], r
 
 
-# GPU-MEASURED.md (the repository's own first GPU figures): one NVIDIA H100 80GB HBM3, 2026-11-27, torch 2.11.0+cu130,
-# accelerate 1.15.0, transformers 5.23.0, trl 1.16.0, peft 0.21.2; benchmarks/gpu/check.py's throughput rows at main
-# e8d8fc4: `python -m launch RECIPE --num-processes 1 --bench --synthetic --model docs/model_configs/MODEL --
-# --max_length L --logging_steps 1 [--use_liger_kernel true]`; torch.cuda.max_memory_allocated in GiB.
-# (model, recipe, max_length, Liger, peak allocated GiB). The ddp rows ran the recipe as it then was: the model loaded in
-# bf16 under DDP, pure bf16 (issue 34); the planner is checked against them at that precision.
-GPU_MEASURED = [("Qwen3-0.6B", "ddp", 2048, False, 5.15), ("Qwen3-1.7B", "ddp", 2048, False, 13.93),
-                ("Qwen3-1.7B", "ddp", 2048, True, 13.56), ("Qwen3-1.7B", "fsdp2", 2048, False, 26.87),
-                ("Qwen3-4B", "fsdp2", 4096, False, 62.07), ("Qwen3-8B", "lora", 4096, False, 21.45)]
-MEASURED_AS_PURE_BF16 = ["--dtype", "bfloat16"]  # the ddp recipe's precision when measured (plan runs no rule)
+# GPU-MEASURED.md's rows with their memory (launch.calibration.MEASURED_ROWS, with their source: one H100 80GB HBM3,
+# 2026-11-27, torch 2.11.0+cu130), each planned as it ran (`throughput_model.row_run`: its batch layout, Liger,
+# checkpointing and load dtype). The ddp rows ran the recipe as it then was: the model loaded in bf16 under DDP, pure
+# bf16 (issue 34); the planner is checked against them at that precision.
+MEMORY_ROWS = [r for r in calibration.MEASURED_ROWS if r.memory_gib]
 
 
-def _measured_row_plan(model: str, recipe: str, length: int, liger: bool, precision_args=()):
-    from launch.memory_plan import Target, plan_memory
-    from launch.options import Options
-    from launch.resolve import resolve
-
-    extra = ["--max_length", str(length), "--logging_steps", "1", *(["--use_liger_kernel", "true"] if liger else []),
-             *precision_args]
-    setup = resolve(Options(recipe=recipe, num_processes=1, synthetic=True, extra=extra,
-                            model=str(REPO / "docs" / "model_configs" / f"Qwen--{model}")), progress=lambda *_: None)
-    return setup, plan_memory(setup, Target(1, 1, H100))
-
-
-@pytest.mark.parametrize("row", GPU_MEASURED, ids=[f"{r[0]}-{r[1]}{'-liger' if r[3] else ''}" for r in GPU_MEASURED])
+@pytest.mark.parametrize("row", MEMORY_ROWS, ids=[f"{r.model.split('--')[1]}-{r.recipe}{'-liger' if r.liger else ''}"
+                                                  for r in MEMORY_ROWS])
 def test_gpu_measured_rows_within_5_percent(row):
     """The planner's peak allocated memory for each GPU-MEASURED row, at the precision the row ran with, within 5%
     (issue 34: the rows whose precision did not change). The ddp rows were pure bf16; the recipe now loads fp32 and
     its plan grows by the 8 bytes per parameter of the fp32 weights, gradients and Adam states (not yet measured)."""
-    model, recipe, length, liger, measured = row
-    setup, plan = _measured_row_plan(model, recipe, length, liger, MEASURED_AS_PURE_BF16 if recipe == "ddp" else ())
-    assert plan.estimate.allocated_peak_gib == pytest.approx(measured, rel=0.05)
-    assert not setup.precision.pure_16bit or recipe == "ddp"
-    if recipe == "ddp":
-        fixed_setup, fixed = _measured_row_plan(model, recipe, length, liger)
-        assert setup.precision.bytes_per_param == 8 and fixed_setup.precision.bytes_per_param == 16
-        states = terms.model_state_bytes(fixed.arch, fixed.run)
-        assert states["params_gpu"] == states["grads_gpu"] == 4 * fixed.arch.num_params
-        assert states["optim_gpu"] == 8 * fixed.arch.num_params
+    from launch import throughput_model
+
+    arch, run = throughput_model.row_run(row)
+    plan = estimate(arch, run)
+    assert plan.allocated_peak_gib == pytest.approx(row.memory_gib[0], rel=0.05)
+    assert not run.precision.pure_16bit or row.recipe == "ddp"
+    if row.recipe == "ddp":
+        _, fixed_run = throughput_model.row_run(row, dtype=load_recipe("ddp")["training"]["dtype"])
+        fixed = estimate(arch, fixed_run)
+        assert run.precision.bytes_per_param == 8 and fixed_run.precision.bytes_per_param == 16
+        states = terms.model_state_bytes(arch, fixed_run)
+        assert states["params_gpu"] == states["grads_gpu"] == 4 * arch.num_params
+        assert states["optim_gpu"] == 8 * arch.num_params
         # one process: no DDP buckets; the fp32 states add 8 bytes per parameter, the rest is the same activations
         # and the autocast copies of the decoder's linear weights
-        added = fixed.estimate.allocated_peak_gib - plan.estimate.allocated_peak_gib
-        assert added == pytest.approx(8 * fixed.arch.num_params / GIB, rel=0.1)
+        added = fixed.allocated_peak_gib - plan.allocated_peak_gib
+        assert added == pytest.approx(8 * arch.num_params / GIB, rel=0.1)
 
 
 def test_blog_figures_need_the_optimizer_on_the_gpu():
@@ -444,14 +431,15 @@ def test_ddp_fp32_load_keeps_fp32_masters_and_autocast_copies():
 def test_fsdp_accumulation_without_sync_keeps_whole_gradients():
     """Gradient accumulation under FSDP runs all micro-batches but the last under `no_sync`: every rank keeps each
     parameter's whole gradient in reduce_dtype (bf16) until the last one; `sync_each_batch` reduce-scatters every
-    micro-batch instead. fsdp2-70b sets it: without, its plan needs 135 GiB more per GPU."""
+    micro-batch instead. fsdp2-70b sets it: without, its plan at accumulation 2 needs 135 GiB more per GPU."""
     run = toy_run(kind="fsdp2", zero_stage=None, gradient_accumulation_steps=2)
     assert terms.unsynced_gradient_bytes(TOY, run) == 2 * TOY_P
     assert terms.unsynced_gradient_bytes(TOY, replace(run, sync_each_batch=True)) == 0
     assert terms.unsynced_gradient_bytes(TOY, toy_run(kind="fsdp2", zero_stage=None)) == 0  # one micro-batch
     assert terms.unsynced_gradient_bytes(TOY, toy_run(gradient_accumulation_steps=2)) == 0  # DeepSpeed: no no_sync
     arch, shipped = recipe_run("fsdp2-70b")
-    assert shipped.sync_each_batch and shipped.layout.gradient_accumulation_steps == 2
+    assert shipped.sync_each_batch  # its GPU default accumulates 1 micro-batch; a user's 2 keeps it
+    shipped = replace(shipped, layout=replace(shipped.layout, gradient_accumulation_steps=2))
     without = replace(shipped, sync_each_batch=False)
     added = estimate(arch, without).allocated_peak_gib - estimate(arch, shipped).allocated_peak_gib
     assert added == pytest.approx(2 * arch.num_params / GIB)
