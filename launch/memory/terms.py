@@ -283,13 +283,20 @@ def layer_saved_bytes_per_token(arch: Architecture, run: RunShape) -> dict:
     # grads) and the linears' inputs (kept for their weights' grads) go; LoRA keeps its own copies (see
     # `adapters.lora_saved_bytes_per_token`).
     frozen = run.adapter is not None
-    norm_extra = 0 if liger else (F32 * H if a < 4 else 0) + (0 if frozen else a * H)
+    # The residual stream (each norm's input) is in `run.residual_bytes`: fp32 under autocast over fp32 weights (DDP's
+    # fp32 masters), else the activations' dtype. The norm's normalised tensor is in its input's dtype
+    # (`.to(input_dtype)`), and where the stream is wider than the compute dtype every projection casts the norm's
+    # output to 16 bits for itself (autocast caches the casts of weights only, `cached_cast`): q, k and v keep three
+    # copies, gate and up two.
+    r = run.residual_bytes
+    casts = {"attention": 3, "mlp": 2} if r > a else {"attention": 1, "mlp": 1}
+    norm_extra = 0 if liger else (F32 * H if a < 4 else 0) + (0 if frozen else r * H)
     attn = {}
     x0_alive = (liger or run.checkpoint_reentrant) and (run.offload_activations or not run.gradient_checkpointing)
     if x0_alive and run.gradient_checkpointing:
         attn["layer input (back from host)"] = a * H
     attn["input norm"] = norm_extra
-    attn["norm output"] = 0 if frozen else a * H
+    attn["norm output"] = 0 if frozen else casts["attention"] * a * H
     if arch.qk_norm:
         # transformers: the fp32 copy + normalised 16-bit q and k; Liger: the pre-norm q and k (saved as X)
         qk = qd + arch.kv_dim
@@ -308,9 +315,9 @@ def layer_saved_bytes_per_token(arch: Architecture, run: RunShape) -> dict:
         attn["eager repeat_kv"] = 2 * a * (qd - arch.kv_dim)
     mlp = {}
     if liger:
-        mlp["residual (saved by norm 2)"] = a * H
+        mlp["residual (saved by norm 2)"] = r * H
     mlp["post-attention norm"] = norm_extra
-    mlp["norm output"] = 0 if frozen else a * H
+    mlp["norm output"] = 0 if frozen else casts["mlp"] * a * H
     if not run.tiled_mlp:
         # the product gate x up is kept by down_proj for its weight's gradient only
         mlp["MLP intermediates"] = ((3 if liger else 4) - (1 if frozen else 0)) * a * I
