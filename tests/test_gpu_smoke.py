@@ -18,6 +18,7 @@ resolves.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -120,11 +121,16 @@ def test_the_record_command_records_the_invocation_the_gpu_test_runs():
 @pytest.mark.parametrize("name", sorted(ONE_GPU))
 def test_each_one_gpu_smoke_run_resolves(name, tmp_path):
     """`python -m launch RECIPE --smoke --num-processes 1 --dry-run` (in process): the one-process layout passes every
-    check a GPU run makes before it starts; this machine has no GPU, which the dry run reports and nothing else."""
+    check a GPU run makes before it starts. This machine has no GPU, which the dry run reports, and the GPU smoke run
+    keeps the recipe's Liger kernels (the GPU path as users run it), so where liger-kernel is not installed (it is in
+    the image's lock, not the CPU lock) the dry run says that too; nothing else."""
     args, _ = gpu_smoke_plan(name, 1)
     proc = launch_in_process(name, "--smoke", "--output-dir", tmp_path / "out", "--dry-run", *args)
     assert proc.returncode == 0, explain(proc)
     assert "--num_processes 1" in proc.stdout
-    problems = proc.stdout.split("the plan is valid, but this machine could not run it:", 1)[-1].strip()
-    assert problems.startswith("The recipe asks for 1 GPU(s) on this machine but no GPU is visible."), proc.stdout[-2000:]
-    assert problems.count("\n\n") == 0, problems
+    problems = proc.stdout.split("the plan is valid, but this machine could not run it:", 1)[-1].strip().split("\n\n")
+    assert problems[0].startswith("The recipe asks for 1 GPU(s) on this machine but no GPU is visible."), \
+        proc.stdout[-2000:]
+    liger_missing = importlib.util.find_spec("liger_kernel") is None
+    assert len(problems) == 1 + liger_missing, problems
+    assert all(p.startswith("`use_liger_kernel: true`") and "needs liger-kernel" in p for p in problems[1:]), problems
