@@ -51,7 +51,8 @@ def main() -> int:
     for i in range(ns.pairs):
         for bench in ((False, True) if i % 2 == 0 else (True, False)):  # alternate the order against drift
             times[bench].append(run(ns.recipe, bench, ns.max_steps, root / f"{i}-{int(bench)}"))
-            print(f"pair {i + 1}: {'--bench' if bench else 'plain  '} train_runtime {times[bench][-1]:.3f} s", flush=True)
+            label = "--bench" if bench else "plain  "
+            print(f"pair {i + 1}: {label} train_runtime {times[bench][-1]:.3f} s", flush=True)
     # each pair ran back to back, so the machine's load drifts between pairs, not within one: compare the pairs'
     # own ratios (their median and spread), not the medians of the two unpaired columns
     ratios = paired_ratios(times[False], times[True])

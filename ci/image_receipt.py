@@ -73,10 +73,12 @@ def judged(path: Path, verdict_path: Path | None = None) -> dict | None:
     verdict = summary.get("verdict") or {}
     if verdict_path is not None:
         verdict = json.loads(verdict_path.read_text()) if verdict_path.is_file() else {}
-    return {"run_summary": str(path), "exit_status": summary.get("exit_status"), "wall_time_s": summary.get("wall_time_s"),
+    return {"run_summary": str(path), "exit_status": summary.get("exit_status"),
+            "wall_time_s": summary.get("wall_time_s"),
             "versions": summary.get("versions"), "provenance": summary.get("provenance"),
             "verdict_passed": verdict.get("passed"),
-            "verdict": [{k: c.get(k) for k in ("check", "value", "limit", "passed")} for c in verdict.get("checks", [])]}
+            "verdict": [{k: c.get(k) for k in ("check", "value", "limit", "passed")}
+                        for c in verdict.get("checks", [])]}
 
 
 def write(env=os.environ) -> int:
@@ -103,8 +105,9 @@ def write(env=os.environ) -> int:
         lock = hashlib.sha256((ROOT / "requirements" / "image.lock").read_bytes()).hexdigest()
         if labels.get("io.llm-recipes.image-lock.sha256") != lock:
             wrong.append(f"the lock label is not the SHA-256 of requirements/image.lock ({lock})")
-        checks.append({"name": "labels", "command": "docker image inspect (Config.Labels)", "exit_status": int(bool(wrong)),
-                       "passed": not wrong, "seconds": 0.0, "output_tail": wrong or [f"{k}={labels.get(k)}" for k in LABELS]})
+        checks.append({"name": "labels", "command": "docker image inspect (Config.Labels)",
+                       "exit_status": int(bool(wrong)), "passed": not wrong, "seconds": 0.0,
+                       "output_tail": wrong or [f"{k}={labels.get(k)}" for k in LABELS]})
     runs = {name: judged(Path(path.format(work=work)), Path(VERDICTS[name]) if name in VERDICTS else None)
             for name, path in JUDGED.items() if any(c["name"] == name for c in checks)}
     jit = {}
@@ -178,7 +181,8 @@ def _step_row(step: dict) -> str:
     instruction = _quiet(step["instruction"])
     if len(instruction) > 70:
         instruction = instruction[:67] + "..."
-    return f"| `{step['stage']}` | `{instruction.replace('|', '/')}` | {step['seconds']:.1f}{' (cached)' if step['cached'] else ''} |"
+    cached = " (cached)" if step["cached"] else ""
+    return f"| `{step['stage']}` | `{instruction.replace('|', '/')}` | {step['seconds']:.1f}{cached} |"
 
 
 def docs_block(receipt: dict) -> str:
@@ -216,7 +220,8 @@ def docs_block(receipt: dict) -> str:
                      "metrics): " + "; ".join(
                          f"{name} {run.get('wall_time_s')} s ({'passed' if run.get('verdict_passed') else 'FAILED'})"
                          for name, run in runs.items() if run)
-                     + f" (in that order: any-uid first, on a cache volume {'created by this run' if fresh_volume else 'used before'}).")
+                     + " (in that order: any-uid first, on a cache volume "
+                     + ("created by this run" if fresh_volume else "used before") + ").")
     return "\n".join(lines) + "\n"
 
 
@@ -252,7 +257,8 @@ def main(argv: list[str]) -> int:
         if argv[1:] == ["--check"]:
             ok = block_in(DOCS.read_text()) == docs_block(receipt)
             print("docs/container.md's build figures are the receipt's" if ok else
-                  "docs/container.md's build figures differ from docs/image-receipt.json: python ci/image_receipt.py docs")
+                  "docs/container.md's build figures differ from docs/image-receipt.json: "
+                  "python ci/image_receipt.py docs")
             return 0 if ok else 1
         sync_docs(receipt)
         return 0

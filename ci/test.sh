@@ -15,4 +15,6 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 workers=${TEST_WORKERS:-2}
 xdist=()
 [ "$workers" != 0 ] && xdist=(--numprocesses "$workers" --dist loadfile)
+# Lint first (ruff, pinned in requirements/cpu.lock; its rules in pyproject.toml [tool.ruff]): a second, not minutes.
+"$VENV/bin/ruff" check .
 exec "$VENV/bin/python" -m pytest "${xdist[@]}" "$@"

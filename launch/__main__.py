@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    interrupt.exit_at_once()  # before main's imports, which take seconds: until the command writes, a Ctrl-C is one line
+    # before main's imports, which take seconds: until the command writes, a Ctrl-C is one line
+    interrupt.exit_at_once()
     status = main()
     # The interpreter's teardown without the garbage collector's passes over the ~500,000 objects torch, transformers
     # and TRL created (about 1 s of CPU per command): everything the launcher writes is closed by now

@@ -15,7 +15,8 @@ def build_command(setup) -> list[str]:
     """argv: `python -m accelerate.commands.launch` (= `accelerate launch`) with the recipe's Accelerate config
     and the overrides, then train.py with `--config config.yaml` and the training arguments, by source: the
     profile's, the recorded smoke invocation's, the user's after `--` (verbatim), the launcher's."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", _rel(setup.recipe.accelerate_config_path)]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch",
+           "--config_file", _rel(setup.recipe.accelerate_config_path)]
     cmd += as_argv(setup.accelerate_overrides)
     return cmd + [_rel(setup.recipe.train_script), "--config", _rel(setup.recipe.config_path), *setup.training_argv]
 

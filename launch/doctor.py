@@ -50,7 +50,8 @@ def lock_for(strict: bool):
     return pinfiles.host_lock(strict).path
 
 
-def lock_problems(strict: bool, installed: dict | None = None, skip=(), host: pinfiles.HostLock | None = None) -> list[str]:
+def lock_problems(strict: bool, installed: dict | None = None, skip=(),
+                  host: pinfiles.HostLock | None = None) -> list[str]:
     """Installed versions against the lock the environment was set up from (`host`, default launch.pins.host_lock).
     In the image (strict) every locked package must be installed at its version and nothing else may be; in a
     virtualenv with a setup marker every locked package must be installed (extra ones may be: a bundle's venv sees
@@ -121,7 +122,8 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
     for name, have in versions.items():
         out(f"{name:<14} {str(have or '-'):<14} {pins.get(normalize(name), '-'):<14}")
     if installed is not None:
-        out(f"lock           {host.path.name}: " + (f"{len(locked)} difference(s)" if locked else "the installed versions match")
+        out(f"lock           {host.path.name}: "
+            + (f"{len(locked)} difference(s)" if locked else "the installed versions match")
             + f" ({host.source})")
         if line := machine_build(host, installed):
             out(f"machine torch  {line}")
@@ -148,7 +150,8 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
 
     if setup is not None:
         facts = rules.Facts(versions=versions, gpu_count=gpu_count)
-        out(f"recipe         {setup.recipe.name}: {setup.layout.strategy}, features: {', '.join(rules.features(setup)) or 'none'}")
+        features = ", ".join(rules.features(setup)) or "none"
+        out(f"recipe         {setup.recipe.name}: {setup.layout.strategy}, features: {features}")
         for fn in DOCTOR_RULES:
             if msg := fn(setup, facts):
                 problems.append(msg)

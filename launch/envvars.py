@@ -84,7 +84,8 @@ SCHEDULERS = {
     "SkyPilot": {"num_machines": "SKYPILOT_NUM_NODES", "machine_rank": "SKYPILOT_NODE_RANK",
                  "main_process_ip": "SKYPILOT_NODE_IPS", PER_MACHINE: "SKYPILOT_NUM_GPUS_PER_NODE"},
     "torch elastic (a Kubeflow TrainJob)": {"num_machines": "PET_NNODES", "machine_rank": "PET_NODE_RANK",
-                                            "main_process_ip": "PET_MASTER_ADDR", "main_process_port": "PET_MASTER_PORT",
+                                            "main_process_ip": "PET_MASTER_ADDR",
+                                            "main_process_port": "PET_MASTER_PORT",
                                             PER_MACHINE: "PET_NPROC_PER_NODE"},
     "torch": {"main_process_ip": "MASTER_ADDR", "main_process_port": "MASTER_PORT"},
 }

@@ -84,9 +84,10 @@ class Candidate:
         est, target = self.plan.estimate, self.plan.target
         budget = target.gpu_memory_gib * (1 - SPARE)
         if est.gpu_peak_gib > budget:
-            return (f"needs {est.gpu_peak_gib:.1f} GiB per GPU of {target.gpu_memory_gib:g}" +
-                    (f" (within the {SPARE:.0%} spare: more than {budget:.1f})" if est.gpu_peak_gib <= target.gpu_memory_gib
-                     else "") + f"; largest term: {est.largest_gpu_term().name}, {est.largest_gpu_term().gib:.1f} GiB")
+            spare = (f" (within the {SPARE:.0%} spare: more than {budget:.1f})"
+                     if est.gpu_peak_gib <= target.gpu_memory_gib else "")
+            return (f"needs {est.gpu_peak_gib:.1f} GiB per GPU of {target.gpu_memory_gib:g}{spare}"
+                    f"; largest term: {est.largest_gpu_term().name}, {est.largest_gpu_term().gib:.1f} GiB")
         return f"needs {est.host_per_node_gib:.0f} GiB of host memory per node of {target.host_memory_gib:g}"
 
     def as_json(self) -> dict:
@@ -254,7 +255,7 @@ def describe(found: Search) -> str:
     """The ranked table `plan --fastest` prints, the choice and why each faster candidate does not fit."""
     target = found.candidates[0].plan.target if found.candidates else None
     cpu = bool(found.candidates) and found.candidates[0].plan.run.device == "cpu"
-    lines = [f"Candidates (fastest first; predicted on one GPU by the throughput model, launch/throughput_model.py"
+    lines = ["Candidates (fastest first; predicted on one GPU by the throughput model, launch/throughput_model.py"
              + ("; a CPU run is ranked as if on that GPU" if cpu else "")
              + f"; memory by the planner against {target.gpu_memory_gib:g} GiB per "
              + ("process" if cpu else "GPU") + f", fitting with the launcher's {SPARE:.0%} spare: at most "
@@ -267,7 +268,8 @@ def describe(found: Search) -> str:
     for i, c in enumerate(found.candidates, 1):
         s = c.settings
         mark = "  <- fastest that fits" if c is found.chosen else ""
-        lines.append(f"  {i:>2}  {_ckpt_label(s, found.checkpointing_by):<26} {'on' if s.use_liger_kernel else 'off':<5} "
+        liger = "on" if s.use_liger_kernel else "off"
+        lines.append(f"  {i:>2}  {_ckpt_label(s, found.checkpointing_by):<26} {liger:<5} "
                      f"{f'{s.per_device_train_batch_size} x {s.gradient_accumulation_steps}':>11}  "
                      f"{c.plan.estimate.gpu_peak_gib:>8.1f}  {'yes' if c.fits else 'no':<4}  "
                      f"{c.cost.tokens_per_s_per_gpu:>12,.0f}  {c.cost.step_s:>7.3f}  "
@@ -289,6 +291,6 @@ def describe(found: Search) -> str:
                     "convention" if "frozen_base_causal" in cost.flops else "") + ").")
     lines.append("MFU: 6N + 12 L H d S FLOPs per token (non-causal, recomputation not counted); causal: the attention "
                  "term halved; HFU: the MFU's FLOPs plus checkpointing's recomputed forward. Predicted, not measured: "
-                 "calibrated on one H100 and TRL's published 1M-token run (launch/calibration.py); communication between "
-                 "GPUs is not modelled.")
+                 "calibrated on one H100 and TRL's published 1M-token run (launch/calibration.py); communication "
+                 "between GPUs is not modelled.")
     return "\n".join(lines)

@@ -3,10 +3,10 @@ block, `launch.readme_blocks`) cannot drift from the code.
 
 A room is a module directly in `launch/` or a folder of it (a package counts as one room: its modules are one concern,
 e.g. `memory/`); an arrow A -> B is A importing B (`import launch.b`, `from launch.b import x`,
-`from launch import b`, relative forms included, inside functions too). Floor 1 imports nothing of `launch/`; a room stands one floor
-above the highest room it imports. Imports inside one folder are not arrows between rooms, and neither is an import of
-the package itself (`from launch import REPO_ROOT`: launch/__init__.py is the package's face, on no floor). An import
-cycle has no floors: it is an error naming the rooms in the cycle.
+`from launch import b`, relative forms included, inside functions too). Floor 1 imports nothing of `launch/`; a room
+stands one floor above the highest room it imports. Imports inside one folder are not arrows between rooms, and neither
+is an import of the package itself (`from launch import REPO_ROOT`: launch/__init__.py is the package's face, on no
+floor). An import cycle has no floors: it is an error naming the rooms in the cycle.
 """
 
 from __future__ import annotations

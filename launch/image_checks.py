@@ -337,7 +337,8 @@ def check_flash_attn(torch_module=None, state: tuple[str | None, str | None, str
 # flash-attn-4 and the kernels hub: FlashAttention without a compile
 
 
-def flash_attn_4_import(importer: Callable[[str], Any] | None = None, load: bool = True) -> tuple[str | None, str | None]:
+def flash_attn_4_import(importer: Callable[[str], Any] | None = None,
+                        load: bool = True) -> tuple[str | None, str | None]:
     """(version or None when not installed, import error or None). load=False: the version only (importing the CuTe
     DSL takes seconds; it is worth it only where transformers would run it)."""
     import importlib
@@ -479,7 +480,8 @@ def recipe_attention(recipe: str, wanted: str, facts: AttentionFacts, path: str 
     if not facts.gpu:
         opt_in = (f"; {FLASH_ATTN_4} (flash-attn-4 {fa4}) can be chosen on compute capability >= "
                   f"{FLASH_ATTN_4_MIN_MAJOR}.0" if fa4 and path == "dp" and wanted == "sdpa" else "")
-        return f"{NOT_CHECKED}: {wanted} on a GPU{opt_in} (the --cpu profile runs flash attention settings as sdpa)", None
+        return (f"{NOT_CHECKED}: {wanted} on a GPU{opt_in} (the --cpu profile runs flash attention settings as "
+                "sdpa)"), None
     cc = f"{facts.capability[0]}.{facts.capability[1]}" if facts.capability else "?"
     fallback = ("set attn_implementation: sdpa (every recipe runs it; the same result, docs/container.md, "
                 "\"Attention per recipe\")")
@@ -488,17 +490,20 @@ def recipe_attention(recipe: str, wanted: str, facts: AttentionFacts, path: str 
                "dp": "the recipe's setting"}[path]
         faster = ""
         if path == "dp" and facts.flash_attn_4_runs:
-            faster = f"; faster on this GPU without a compile: -- --attn_implementation {FLASH_ATTN_4} (flash-attn-4 {fa4})"
+            faster = (f"; faster on this GPU without a compile: -- --attn_implementation {FLASH_ATTN_4} "
+                      f"(flash-attn-4 {fa4})")
         elif path in ("dp", "sp") and facts.flash_attn_2:
             faster = "; flash-attn is installed: -- --attn_implementation flash_attention_2"
         return f"sdpa ({why}){faster}", None
     if path == "cp":
         return "nothing: ring CP runs SDPA only", (
-            f"recipe {recipe} sets attn_implementation: {wanted}, but ring-attention CP dispatches SDPA only: {fallback}.")
+            f"recipe {recipe} sets attn_implementation: {wanted}, but ring-attention CP dispatches SDPA only: "
+            f"{fallback}.")
     if wanted == FLASH_ATTN_4:
         if path == "sp":
             return "nothing: Accelerate refuses it for Ulysses SP", (
-                f"recipe {recipe} sets attn_implementation: {FLASH_ATTN_4}, which Accelerate's ParallelismConfig refuses "
+                f"recipe {recipe} sets attn_implementation: {FLASH_ATTN_4}, which Accelerate's ParallelismConfig "
+                "refuses "
                 f"for Ulysses SP (it accepts {', '.join(SP_BUILTIN_ATTENTION)}): {fallback}.")
         if facts.flash_attn_4_runs:
             return f"{FLASH_ATTN_4} (flash-attn-4 {fa4}; its kernels are JIT-compiled at first use)", None
@@ -506,7 +511,8 @@ def recipe_attention(recipe: str, wanted: str, facts: AttentionFacts, path: str 
                f"this GPU's compute capability is {cc} (flash-attn-4 runs on >= {FLASH_ATTN_4_MIN_MAJOR}.0)"
                if facts.capability and facts.capability[0] < FLASH_ATTN_4_MIN_MAJOR else
                f"flash-attn-4 does not import ({facts.flash_attn_4_error})")
-        return "nothing: flash-attn-4 cannot run here", f"recipe {recipe} sets attn_implementation: {FLASH_ATTN_4} but {why}: {fallback}."
+        return "nothing: flash-attn-4 cannot run here", (
+            f"recipe {recipe} sets attn_implementation: {FLASH_ATTN_4} but {why}: {fallback}.")
     if wanted == "flash_attention_2":
         if facts.flash_attn_2:
             return "flash_attention_2 (flash-attn)", None
@@ -581,13 +587,15 @@ def check_recipes(recipe_attn: dict[str, str], torch_module=None,
 
 
 def trap_checks(recipe_attn: dict[str, str] | None = None, torch_module=None, paths: dict[str, str] | None = None,
-                quantized: bool = False, lock: dict[str, str] | None = None, lock_source: str = "image.lock") -> list[Check]:
+                quantized: bool = False, lock: dict[str, str] | None = None,
+                lock_source: str = "image.lock") -> list[Check]:
     """Every check: [(name, what was found, problem or None)]. recipe_attn: {recipe: attn_implementation} of the
     recipes to report (None: none); paths: their layouts (default: read from the recipe folders); quantized: also
     run bitsandbytes' 4-bit round trip; lock, lock_source: the versions the loaded cuDNN is held to (default
     image.lock; a machine's own torch build: its installed wheels)."""
     torch = _torch(torch_module)
-    checks = [check_cudnn(torch, lock, source=lock_source), check_sdpa_backend(torch), check_driver(torch), check_flash_attn(torch),
+    checks = [check_cudnn(torch, lock, source=lock_source), check_sdpa_backend(torch), check_driver(torch),
+              check_flash_attn(torch),
               check_flash_attn_4(torch), check_kernels_route()]
     if quantized:
         checks.append(check_bitsandbytes(torch))

@@ -129,7 +129,8 @@ class Layout:
 
     @property
     def dp_world_size(self) -> int:
-        """The ranks that see different data: CP, SP and TP ranks share theirs (ParallelismConfig.non_data_parallel_size)."""
+        """The ranks that see different data: CP, SP and TP ranks share theirs
+        (ParallelismConfig.non_data_parallel_size)."""
         return max(self.world_size // (self.cp * self.sp * self.tp), 1)
 
     @property
@@ -186,7 +187,8 @@ class Layout:
     @property
     def strategy(self) -> str:
         if self.kind == "deepspeed":
-            name = f"DeepSpeed ZeRO-{self.zero_stage}" + (" + CPU offload" if self.offload_optimizer or self.offload_params else "")
+            offload = " + CPU offload" if self.offload_optimizer or self.offload_params else ""
+            name = f"DeepSpeed ZeRO-{self.zero_stage}" + offload
         elif self.kind in ("fsdp1", "fsdp2"):
             name = self.kind.upper()
             replicas, shard = int(self.mesh.get("dp_replicate", 1)), int(self.mesh.get("dp_shard", 1))

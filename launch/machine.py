@@ -153,7 +153,8 @@ def torch_build() -> str:
         import torch
 
         cuda = torch.version.cuda or "none (CPU build)"
-        nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda and torch.cuda.is_available() else "n/a"
+        nccl = (".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda and torch.cuda.is_available()
+                else "n/a")
         return f"CUDA {cuda}, NCCL {nccl}"
     except Exception as e:  # noqa: BLE001
         return f"torch unusable: {e}"

@@ -55,8 +55,8 @@ def option(help: str | None = None, *, default=None, default_factory=MISSING, fl
 
     flag: `--field-name` unless given (no leading dash: a positional argument; a `bool` field defaulting to True
     needs its `--no-...` flag). The argparse type is the field's annotation unless `type` is given; a `bool` is a
-    switch. `help` may name the default as argparse does (`%(default)s`). each: one option per key (`flag` and `help` formatted with it),
-    collected into a dict of the keys given."""
+    switch. `help` may name the default as argparse does (`%(default)s`). each: one option per key (`flag` and `help`
+    formatted with it), collected into a dict of the keys given."""
     cli = dict(help=help, flag=flag, metavar=metavar, type=type, nargs=nargs, const=const, group=group,
                each=each)
     metadata = {"cli": {k: v for k, v in cli.items() if v is not None}}

@@ -326,7 +326,8 @@ def bundle_entries(lock: Path = IMAGE_LOCK, layer: Path = IMAGE_BUILD_LOCK,
         wanted = [normalize(name) for name in only]
         unknown = [name for name in wanted if name not in entries]
         if unknown:
-            why = {name: "the machine's torch build" if name in left else f"not in {Path(lock).name}" for name in unknown}
+            why = {name: "the machine's torch build" if name in left else f"not in {Path(lock).name}"
+                   for name in unknown}
             raise PinError("not in the bundle: " + ", ".join(f"{n} ({why[n]})" for n in unknown))
         entries = {name: entries[name] for name in wanted}
     return entries, left
@@ -497,15 +498,16 @@ def main(argv: list[str]) -> int:
             return 0
         manifest = write_bundle(folder, python_version, platform, only)
         print(f"{folder / BUNDLE_LOCK}: {manifest['packages']} packages of {manifest['lock']} for CPython "
-              f"{python_version} {platform}; left to the machine's torch build: {', '.join(manifest['machine_packages'])}")
+              f"{python_version} {platform}; left to the machine's torch build: "
+              f"{', '.join(manifest['machine_packages'])}")
         return 0
     if argv[:1] == ["platforms"] and len(argv) == 2:
         print("\n".join(pip_platforms(argv[1])))
         return 0
     if argv[:1] == ["mark"] and len(argv) in (4, 5):
         marker = write_marker(Path(argv[1]), Path(argv[2]), argv[3], Path(argv[4]) if len(argv) == 5 else None)
-        print(f"{Path(argv[1]) / MARKER}: {marker['lock']}" + (f", the machine's own {', '.join(marker['machine_packages'])}"
-                                                               if marker["machine_packages"] else ""))
+        own = marker["machine_packages"]
+        print(f"{Path(argv[1]) / MARKER}: {marker['lock']}" + (f", the machine's own {', '.join(own)}" if own else ""))
         return 0
     print(usage, file=sys.stderr)
     return 2

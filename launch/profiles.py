@@ -98,8 +98,9 @@ def cpu_notes(config: dict, training: dict) -> list[str]:
 def checkpointer(training: dict, accelerate: dict | None) -> str:
     """Who checkpoints every decoder layer in this run, when it checkpoints: "FSDP" (the Accelerate config's own
     `fsdp_activation_checkpointing`) when that is on, or when nothing checkpoints and the config is FSDP2 without an
-    adapter (FSDP's own is that family's way; an adapter cannot use it: `rules.adapter_with_fsdp_activation_checkpointing`);
-    else "transformers" (the training arguments). Read by the smoke profile and `--fastest`."""
+    adapter (FSDP's own is that family's way; an adapter cannot use it:
+    `rules.adapter_with_fsdp_activation_checkpointing`); else "transformers" (the training arguments). Read by the smoke
+    profile and `--fastest`."""
     accelerate = accelerate or {}
     fsdp = accelerate.get("fsdp_config") or {}
     if accelerate.get("distributed_type") != "FSDP":
@@ -135,7 +136,8 @@ def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print,
     """The profile's training arguments. `accelerate`: the recipe's Accelerate config (who checkpoints, for
     `smoke_checkpointing`; None: not FSDP). `bf16`: the run computes in bf16 (a GPU run's default; on CPU only when
     asked for with `-- --bf16 true`): a smoke run then loads the smoke model's bf16 copy (`smoke.ensure_bf16_model`),
-    as a real run loads a bf16 checkpoint, so that a recipe loading it in fp32 and one loading it in bf16 start equal."""
+    as a real run loads a bf16 checkpoint, so that a recipe loading it in fp32 and one loading it in bf16 start
+    equal."""
     out: dict = {}
     if smoke_run:
         try:

@@ -124,7 +124,8 @@ def recipe_table(body: str | None) -> str:
     if body is not None:
         listed = {m.group("name") for m in RECIPE_LINK.finditer(body)}
         names = [name for name in names if name in listed]
-    rows = ["| recipe | strategy | GPUs | GPU defaults | speed settings (checkpointing, Liger, micro-batch x accumulation) "
+    rows = ["| recipe | strategy | GPUs | GPU defaults "
+            "| speed settings (checkpointing, Liger, micro-batch x accumulation) "
             "| smoke run on CPU (CI) | what it is for |",
             "|---|---|---|---|---|---|---|"]
     for r in recipe_rows(names):

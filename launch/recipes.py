@@ -83,7 +83,8 @@ def load_yaml(path: Path) -> dict:
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise LaunchError(f"{path}:{line}: byte 0x{raw[e.start]:02x} is not UTF-8 (YAML files are read as UTF-8). "
-                          "Save the file as UTF-8 (e.g. re-type the character, or `iconv -f latin1 -t utf-8`).") from None
+                          "Save the file as UTF-8 (e.g. re-type the character, or "
+                          "`iconv -f latin1 -t utf-8`).") from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except _DuplicateKey as e:

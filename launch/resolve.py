@@ -36,8 +36,10 @@ class Setup:
     accelerate_overrides: dict  # {accelerate launch flag name: value}
     training: dict  # every training field as the ranks will parse it: config.yaml < profile < overrides
     layers: list[Layer]  # the argv after `--config config.yaml`, by source
-    layout: Layout  # strategy, ZeRO stage, mesh, batch: built once here, read by the rules, the plan and the memory model
-    precision: Precision  # load dtype, mixed precision, where the fp32 masters live: resolved once here (launch.precision)
+    # strategy, ZeRO stage, mesh, batch: built once here, read by the rules, the plan and the memory model
+    layout: Layout
+    # load dtype, mixed precision, where the fp32 masters live: resolved once here (launch.precision)
+    precision: Precision
     checkpointing: Checkpointing  # activation checkpointing as the ranks get it (its two names resolved once)
     explicit: dict  # training key -> where it was given (config.yaml or a layer); the rest are defaults
     output_dir: Path
@@ -132,7 +134,8 @@ def resolve(options: Options, progress=print, fastest: tuple[list[str], dict] | 
         notes.append(f"saves {what} (asked for)" if what != "nothing" else
                      "saves nothing: a --synthetic run keeps no checkpoint (--save-steps N keeps them) and never its "
                      "random weights" if options.synthetic else
-                     "saves nothing: a --bench run keeps no checkpoint and no final weights (--save-steps N keeps both)")
+                     "saves nothing: a --bench run keeps no checkpoint and no final weights "
+                     "(--save-steps N keeps both)")
     layout = Layout.from_configs(accelerate, training)
 
     return Setup(

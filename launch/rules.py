@@ -1,6 +1,6 @@
 """Validity rules, checked before any process starts. Each rule is written once, here, and used by the preflight
-(`python -m launch`), by `doctor`, by the README tables (`launch.readme_blocks`) and by the tests (tests/test_rules.py shows
-every message).
+(`python -m launch`), by `doctor`, by the README tables (`launch.readme_blocks`) and by the tests (tests/test_rules.py
+shows every message).
 
 A rule takes the resolved `Setup` and the `Facts` of this machine and returns None when satisfied, or one paragraph
 saying what is wrong and how to fix it. Rules only cover what upstream does not check before start: the merge of
@@ -57,7 +57,8 @@ class Facts:
     gpu_count: int = 0
     model: hub.ModelConfig = field(default_factory=lambda: hub.ModelConfig(None, "not read"))
     missing_inputs: list[str] = field(default_factory=list)  # model or dataset that cannot be found (launch.hub)
-    memory: object | None = None  # launch.memory_plan.MemoryPlan for this machine (GPU and host memory), when computable
+    # launch.memory_plan.MemoryPlan for this machine (GPU and host memory), when computable
+    memory: object | None = None
 
     @property
     def model_config(self):
@@ -248,9 +249,11 @@ def rendezvous_port(setup, facts: Facts):
     port, source = setup.options.main_process_port, envvars.source(setup.options, "main_process_port")
     if port is None or 1 <= port <= 65535:
         return None
-    # a scheduler's port names the variable(s) it came from (launch.envvars.rendezvous), e.g. SKYPILOT_..., not always MASTER_PORT
+    # a scheduler's port names the variable(s) it came from (launch.envvars.rendezvous), e.g. SKYPILOT_..., not always
+    # MASTER_PORT
     names = [n.strip() for n in source.split("=")]
-    given, fix = (f"--main-process-port {port}", "Pass a port between 1 and 65535, e.g. 29500.") if source.startswith("--") \
+    given, fix = (f"--main-process-port {port}", "Pass a port between 1 and 65535, e.g. 29500.") \
+        if source.startswith("--") \
         else (f"{source}={port} (from the environment)",
               f"Unset {' and '.join(names)} or set {'it' if len(names) == 1 else 'them'} to a free port, e.g. 29500.")
     return (f"{given} is not a TCP port (1-65535): it is the ranks' rendezvous port, also on one machine, where "
@@ -602,7 +605,9 @@ def checkpointing_one_name(setup, facts: Facts):
 
 
 def _argv_value(value) -> str:
-    return json.dumps(value) if isinstance(value, dict) else str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @rule(feature="context_parallel", doc=(
@@ -681,7 +686,8 @@ def sp_attention_supported(setup, facts: Facts):
                 "refused (their 4D attention mask is dropped).")
     if model_attn != sp_attn:
         return (f"attn_implementation ({model_attn}) and {SP_ATTENTION_KEY} ({sp_attn}) must be "
-                "the same (DeepSpeed: \"core_attn_implementation ... does not match model config attn_implementation\").")
+                "the same (DeepSpeed: \"core_attn_implementation ... does not match model config "
+                "attn_implementation\").")
     return None
 
 
@@ -693,7 +699,8 @@ def sp_packing_safe(setup, facts: Facts):
         return None
     t = setup.training
     if t.get("padding_free") or (t.get("packing") and t.get("packing_strategy", "bfd") != "wrapped"):
-        return ("With sequence parallelism, use `packing_strategy: wrapped` (or no packing) and padding_free off: TRL's "
+        return ("With sequence parallelism, use `packing_strategy: wrapped` (or no packing) and padding_free off: "
+                "TRL's "
                 "bfd packing and padding-free batches carry 1-D cu_seq_lens that DeepSpeed's SP data loader cannot "
                 "shard (IndexError in UlyssesSPDataLoaderAdapter.refill). Wrapped rows are plain fixed-length token "
                 "windows; with SDPA, documents that share a row attend to each other, as in any wrapped packing.")
@@ -710,15 +717,18 @@ def sp_zero_stage(setup, facts: Facts):
     return None
 
 
-@rule(feature="alst", doc=("`tiled_mlp` only with DeepSpeed", "wrong gradients: DDP and FSDP would reduce a partial one"))
+@rule(feature="alst", doc=("`tiled_mlp` only with DeepSpeed",
+                          "wrong gradients: DDP and FSDP would reduce a partial one"))
 def tiled_mlp_needs_deepspeed(setup, facts: Facts):
     if setup.training.get("tiled_mlp") and setup.layout.kind != "deepspeed":
         return ("`tiled_mlp` needs DeepSpeed (ZeRO stage 1-3): DeepSpeed's TiledMLP accumulates each weight's gradient "
-                "over the tiles and hands it to ZeRO only after the last tile; DDP and FSDP would reduce a partial one.")
+                "over the tiles and hands it to ZeRO only after the last tile; DDP and FSDP would reduce a partial "
+                "one.")
     return None
 
 
-@rule(feature="alst", doc=("no TRL `activation_offloading` with ZeRO-3 (use `gradient_checkpointing_kwargs: {offload: true}`)",
+@rule(feature="alst", doc=("no TRL `activation_offloading` with ZeRO-3 "
+                          "(use `gradient_checkpointing_kwargs: {offload: true}`)",
            "AttributeError: 'Tensor' object has no attribute 'ds_status' in TRL's fused loss"))
 def activation_offloading_without_zero3(setup, facts: Facts):
     if setup.training.get("activation_offloading") and setup.layout.zero_stage == 3:
@@ -726,7 +736,8 @@ def activation_offloading_without_zero3(setup, facts: Facts):
                 "PyTorch saved-tensor hooks, which hand a saved parameter back to the backward as a new tensor object; "
                 "TRL's fused loss saves the lm_head weight and, under ZeRO-3, reads DeepSpeed's `ds_status` from it in "
                 "the backward (\"AttributeError: 'Tensor' object has no attribute 'ds_status'\" in "
-                "trl/kernels/chunked_logprob.py). Set `activation_offloading: false` (gradient checkpointing stays), or "
+                "trl/kernels/chunked_logprob.py). Set `activation_offloading: false` (gradient checkpointing stays), "
+                "or "
                 "use ZeRO stage 1/2.")
     return None
 
@@ -738,7 +749,8 @@ def activation_offloading_without_zero3(setup, facts: Facts):
 def cp_needs_fsdp2(setup, facts: Facts):
     if _cp(setup) > 1 and not _fsdp2(setup):
         return ("Ring-attention context parallelism runs on FSDP2 only: set distributed_type: FSDP and "
-                "fsdp_config.fsdp_version: 2 in the Accelerate config (Accelerate: \"Using `cp_size>1` requires FSDP2\").")
+                "fsdp_config.fsdp_version: 2 in the Accelerate config (Accelerate: \"Using `cp_size>1` requires "
+                "FSDP2\").")
     return None
 
 
@@ -831,7 +843,8 @@ def fsdp2_without_fsdp1_settings(setup, facts: Facts):
     found = []
     strategy = str(fsdp.get("fsdp_sharding_strategy") or "FULL_SHARD").upper()
     if strategy not in ("FULL_SHARD", "1"):
-        found.append(f"fsdp_sharding_strategy: {strategy} ({FSDP1_STRATEGY_IN_FSDP2.get(strategy, 'not an FSDP2 setting')})")
+        meaning = FSDP1_STRATEGY_IN_FSDP2.get(strategy, "not an FSDP2 setting")
+        found.append(f"fsdp_sharding_strategy: {strategy} ({meaning})")
     if is_on(fsdp.get("fsdp_forward_prefetch")):
         found.append("fsdp_forward_prefetch: true (Accelerate: \"forward_prefetch is not yet implemented in FSDP2\"; "
                      "FSDP2 prefetches the next layer's all-gather by itself)")
@@ -1078,7 +1091,8 @@ def adapter_with_fsdp_activation_checkpointing(setup, facts: Facts):
         return None
     return ("A LoRA / QLoRA run under FSDP cannot use fsdp_activation_checkpointing: true. FSDP's checkpointing wraps "
             "each decoder layer in torch's checkpoint_wrapper, so module names gain `._checkpoint_wrapped_module.`, "
-            "which PEFT's get_peft_model_state_dict does not strip (it strips `_fsdp_wrapped_module.` only): final/ and "
+            "which PEFT's get_peft_model_state_dict does not strip (it strips `_fsdp_wrapped_module.` only): final/ "
+            "and "
             "every checkpoint's adapter_model.safetensors would hold 0 tensors, silently (measured with peft 0.21.2, "
             "accelerate 1.15). Set fsdp_activation_checkpointing: false in the Accelerate config and "
             "activation_checkpointing: true in config.yaml (transformers' checkpointing: the adapter is saved whole).")

@@ -66,7 +66,8 @@ def check_resume(setup) -> None:
     problems = checkpoints.resume_problems(checkpoint, run)
     folder_run = (outdir.read_manifest(setup.output_dir) or {}).get("run")
     if checkpoint.parent != setup.output_dir and isinstance(folder_run, dict) and folder_run != run:
-        problems.append(f"the output folder {setup.output_dir} holds the results of another run ({folder_run.get('recipe')}, "
+        problems.append(f"the output folder {setup.output_dir} holds the results of another run "
+                        f"({folder_run.get('recipe')}, "
                         f"{folder_run.get('strategy')}), which this run would write over")
     if problems:
         raise LaunchError(

@@ -73,8 +73,9 @@ def wanted_sections(config: dict, accelerate: dict) -> tuple[str, ...]:
 # ---- the marker line and what a train.py holds ----------------------------------------------------------------------
 def marker(sections) -> str:
     names = [n for n in SECTION_NAMES if n in sections]
-    return (f"{MARKER_PREFIX} [sections: {', '.join(names) or 'none'}] "
-            "(python -m launch sync-scripts keeps it equal; delete this line to fork it)")
+    # two lines, each within the line length the repository's lint holds (pyproject.toml [tool.ruff])
+    return (f"{MARKER_PREFIX} [sections: {', '.join(names) or 'none'}]\n"
+            "# (`python -m launch sync-scripts` keeps it equal to the template; delete these two lines to fork it)")
 
 
 def copy_text(sections, template: Path = train_template.TEMPLATE) -> str:

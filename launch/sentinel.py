@@ -19,13 +19,13 @@ Where the band lives: a recipe's expected_metrics.json, in the entry of the prof
 what the launcher adds to the ranks' environment (ENV, the band as JSON); `mismatch(band, training)` lists the
 `recorded_with` values the run differs in: what the run *is* (its model's architecture and RoPE, its length, its layout;
 IDENTITY), not how its model's path is spelled (the launcher then leaves the sentinel off and says why). A synthetic
-run is checked instead against the first loss a random model must give (`random_init_band`: about ln(vocab)). In the ranks, `launch.rank.monitor.add_callbacks` adds
-`launch.rank.sentinel.sentinel_callback()` when ENV is set: it has each of the first `steps` optimizer steps logged (whatever
-`logging_steps` is, so a checked loss is one step's loss), and at each of those logs, every rank
-(the logged loss is the mean over all ranks, the same on each) checks it and raises `FirstLossError` outside the
-band, so every rank stops and torchrun ends the job; the launcher reports the error's one-line message. The verdict
-(passed or stopped, the losses seen) is also written to `<LAUNCH_MONITOR_DIR>/sentinel.json` by rank 0
-(`read_verdict`). Off when no band is recorded.
+run is checked instead against the first loss a random model must give (`random_init_band`: about ln(vocab)). In the
+ranks, `launch.rank.monitor.add_callbacks` adds `launch.rank.sentinel.sentinel_callback()` when ENV is set: it has each
+of the first `steps` optimizer steps logged (whatever `logging_steps` is, so a checked loss is one step's loss), and at
+each of those logs, every rank (the logged loss is the mean over all ranks, the same on each) checks it and raises
+`FirstLossError` outside the band, so every rank stops and torchrun ends the job; the launcher reports the error's
+one-line message. The verdict (passed or stopped, the losses seen) is also written to
+`<LAUNCH_MONITOR_DIR>/sentinel.json` by rank 0 (`read_verdict`). Off when no band is recorded.
 
 This module is the launcher's half (the band, its checks, the ranks' environment, the verdict); the ranks' half is
 `launch.rank.sentinel`.
@@ -159,9 +159,10 @@ def random_init_band(config) -> dict | None:
     std = std if _number(std) else 0.02  # transformers' default
     chance = math.log(vocab)
     offset = std ** 2 * getattr(config, "hidden_size", 0) / 2
-    return {"steps": 1, "low": round(max(chance - RANDOM_BELOW, 0.0), 4), "high": round(chance + offset + RANDOM_ABOVE, 4),
-            "source": f"a random model on random tokens starts at ln(vocab {vocab:,}) = {chance:.3f} (+{offset:.3f} for "
-                      f"its init std {std:g} at hidden size {getattr(config, 'hidden_size', '?')})",
+    return {"steps": 1, "low": round(max(chance - RANDOM_BELOW, 0.0), 4),
+            "high": round(chance + offset + RANDOM_ABOVE, 4),
+            "source": f"a random model on random tokens starts at ln(vocab {vocab:,}) = {chance:.3f} (+{offset:.3f} "
+                      f"for its init std {std:g} at hidden size {getattr(config, 'hidden_size', '?')})",
             "kind": "random_init"}
 
 

@@ -195,7 +195,8 @@ def _readable(proc) -> bool:
     return bool(sel.select(timeout=0))
 
 
-_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)[^\n]*", re.S)
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)[^\n]*",
+                         re.S)
 _EXCEPTION = re.compile(r"^(?:\[rank(\d+)\]: )?([A-Za-z_.]*(?:Error|Exception|Interrupt)): (.*)$", re.M)
 
 
@@ -213,6 +214,7 @@ def failure_summary(log_path: Path, since: int = 0) -> str | None:
     cause = f"{errors[0].group(2)}: {errors[0].group(3).strip()}" if errors else None
     if root:
         rank, code = root.group(1), int(root.group(2))
-        how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exit code {code}"
+        how = (f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
+               else f"exit code {code}")
         return f"first failure: rank {rank} ({how})" + (f": {cause}" if cause else "")
     return f"failure: {cause}" if cause else None

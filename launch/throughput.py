@@ -177,7 +177,8 @@ def summarize(folder: Path, arch=None, seq_len: int | None = None, flops: dict |
         "hfu_convention": CONVENTIONS["hfu"],
         "mfu_frozen_base_causal": mfu(tps, flops["frozen_base_causal"], peak)
         if flops and tps and "frozen_base_causal" in flops else None,
-        "mfu_frozen_base_convention": CONVENTIONS["mfu_frozen_base"] if flops and "frozen_base_causal" in flops else None,
+        "mfu_frozen_base_convention": CONVENTIONS["mfu_frozen_base"]
+        if flops and "frozen_base_causal" in flops else None,
         "mfu_note": note,
         "peak_allocated_gib": worst("max_allocated_gib"),
         "peak_reserved_gib": worst("max_reserved_gib"),

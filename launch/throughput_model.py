@@ -253,7 +253,8 @@ def _wrapped(arch: Architecture, run: RunShape) -> list[str]:
 
 def _op_kernels(width: float, op: Op, tokens: int, passes: tuple[int, int], times: int) -> list[Kernels]:
     out = []
-    for nbytes, kernels, npass in ((op.bytes_fwd, op.kernels_fwd, passes[0]), (op.bytes_bwd, op.kernels_bwd, passes[1])):
+    for nbytes, kernels, npass in ((op.bytes_fwd, op.kernels_fwd, passes[0]),
+                                   (op.bytes_bwd, op.kernels_bwd, passes[1])):
         if kernels:
             out.append(Kernels(kernels * npass * times, bytes=width * nbytes * tokens / kernels))
     return out

@@ -51,10 +51,8 @@ class RecipeArguments:
             "random weights, rows of max_length random tokens, same SFTTrainer (launch/rank/synthetic.py); no final/."
         },
     )
-    synthetic_rows: int | None = field(
-        default=None,
-        metadata={"help": "Rows of a synthetic run (made when read). Default: enough for max_steps on every process."},
-    )
+    synthetic_rows: int | None = field(default=None, metadata={
+        "help": "Rows of a synthetic run (made when read). Default: enough for max_steps on every process."})
     save_final: bool = field(default=True, metadata={"help": "Save the final model in OUTPUT_DIR/final (--bench: no)."})
     # begin section join-documents
     join_documents_min_chars: int = field(

@@ -27,7 +27,8 @@ def test_missing_keys_take_trls_modelconfig_defaults():
 
 
 def test_qlora_fields_as_trl_names_them():
-    a = Adapter.from_training({"use_peft": "true", "lora_r": 64, "lora_alpha": 16, "lora_target_modules": ["all-linear"],
+    a = Adapter.from_training({"use_peft": "true", "lora_r": 64, "lora_alpha": 16,
+                               "lora_target_modules": ["all-linear"],
                                "load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "use_bnb_nested_quant": True,
                                "bnb_4bit_quant_storage": "bfloat16"})
     assert a.method == "qlora" and a.r == 64 and a.target_modules == ALL_LINEAR  # one-element list -> its string

@@ -95,7 +95,8 @@ FIXTURES = {
     "nan_reference": lambda tmp: _nan_reference(tmp),
     "inf_bound": lambda tmp: _nan_reference(tmp, key="bounds"),
     "dangling_output": lambda tmp: _dangling(tmp),
-    "accelerate_config_dir": lambda tmp: {"recipe": copy_recipe(tmp, config={"accelerate_config": "accelerate_configs"})},
+    "accelerate_config_dir": lambda tmp: {"recipe": copy_recipe(tmp,
+                                                                config={"accelerate_config": "accelerate_configs"})},
     "tiled_mlp_in_a_zero3_copy": lambda tmp: {"recipe": copy_recipe(tmp, config={"tiled_mlp": True})},
     "fsdp2_hybrid_shard": lambda tmp: {"recipe": copy_recipe(tmp, base="fsdp2", accelerate={"fsdp_config": {
         **yaml.safe_load(find_recipe("fsdp2").accelerate_config_path.read_text())["fsdp_config"],
@@ -119,7 +120,8 @@ FIXTURES = {
     "model_config_only": lambda tmp: _model_dir(tmp, {}),
     "train_py_syntax_error": lambda tmp: _broken_script(tmp, lambda t: t + "\ndef (\n"),
     "train_py_empty": lambda tmp: _broken_script(tmp, lambda t: ""),
-    "train_py_missing_module": lambda tmp: _broken_script(tmp, lambda t: t.replace("\nimport ", "\nimport no_such_module_xyz\nimport ", 1)),
+    "train_py_missing_module": lambda tmp: _broken_script(
+        tmp, lambda t: t.replace("\nimport ", "\nimport no_such_module_xyz\nimport ", 1)),
     "user_png": lambda tmp: _user_file(tmp, "mine.png"),
     # issue 36
     "gpt2_model": lambda tmp: _gpt2_model(tmp),
@@ -217,7 +219,8 @@ def _model_dir(tmp, config):
     folder = tmp / "model"
     folder.mkdir()
     if isinstance(config, dict):
-        data = json.loads((Path(smoke.ensure_smoke_assets(progress=lambda *_: None)["model"]) / "config.json").read_text())
+        model = Path(smoke.ensure_smoke_assets(progress=lambda *_: None)["model"])
+        data = json.loads((model / "config.json").read_text())
         data.update(config)
         (folder / "config.json").write_text(json.dumps({k: v for k, v in data.items() if v is not None}))
     elif config is not None:
@@ -285,7 +288,8 @@ def _with_text(tmp, base: str, edit, which="config.yaml"):
 
 
 def _duplicate_key(text: bytes) -> bytes:
-    return text.replace(b"accelerate_config:", b"accelerate_config: accelerate_configs/zero3.yaml\naccelerate_config:", 1)
+    return text.replace(b"accelerate_config:", b"accelerate_config: accelerate_configs/zero3.yaml\naccelerate_config:",
+                        1)
 
 
 def _nan_reference(tmp, key="loss"):
@@ -482,7 +486,8 @@ REFUSED += [
     ("synthetic-model-heads-not-multiple-of-kv", "ddp --smoke --cpu --synthetic --model {model}",
      "model_heads_not_multiple_of_kv", 2, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
     ("synthetic-model-heads-not-dividing-hidden", "ddp --smoke --cpu --synthetic --model {model}",
-     "model_heads_not_dividing_hidden", 2, "The hidden size (66) is not a multiple of the number of attention heads (4)"),
+     "model_heads_not_dividing_hidden", 2,
+     "The hidden size (66) is not a multiple of the number of attention heads (4)"),
     ("synthetic-model-no-machine-holds", "ddp --smoke --cpu --synthetic --model {model}", "model_too_large", 2,
      "parameters, more than any machine holds"),
     ("model-folder-without-weights", "ddp --smoke --cpu --model {model}", "model_config_only", 2,
@@ -810,7 +815,8 @@ def test_record_creates_a_missing_expected_metrics_file_and_a_run_says_how(tmp_p
     assert rc == 0, err
     assert f"{folder / 'expected_metrics.json'} does not exist yet: this run's metrics will create it" in out
     rc, out, err = _run(f"{folder} --smoke --cpu --dry-run", {}, capsys)
-    assert rc == 2 and "has no expected_metrics.json yet" in err and f"python -m launch record {folder} --smoke --cpu" in err
+    assert rc == 2 and "has no expected_metrics.json yet" in err
+    assert f"python -m launch record {folder} --smoke --cpu" in err
 
 
 @pytest.mark.parametrize("damage", ["truncate", "nan"])

@@ -233,7 +233,8 @@ def test_symlog_when_differences_span_decades(tmp_path):
 
 
 def test_a_failing_parity_check_writes_the_plot_and_the_table(tmp_path, monkeypatch):
-    """helpers.launcher.assert_parity, which the parity tests use: a miss raises with the compare table and a PNG path."""
+    """helpers.launcher.assert_parity, which the parity tests use: a miss raises with the compare table and a PNG
+    path."""
     from helpers import launcher
 
     monkeypatch.setattr(launcher, "PARITY_PLOTS", tmp_path)

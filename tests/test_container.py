@@ -157,7 +157,8 @@ def test_cpu_service_runs_the_recipe_smoke_on_cpu(tmp_path):
     assert cpu_service_argv(compose, ["zero3"], tmp_path) == LAUNCH + ["zero3", "--smoke", "--cpu", "--overwrite"]
     assert cpu_service_argv(compose, ["zero3", "--max-steps", "2", "--", "--seed", "1 2"], tmp_path) == (
         LAUNCH + ["zero3", "--smoke", "--cpu", "--overwrite", "--max-steps", "2", "--", "--seed", "1 2"])
-    assert cpu_service_argv(compose, ["zero3", "--resume"], tmp_path) == LAUNCH + ["zero3", "--smoke", "--cpu", "--resume"]
+    assert cpu_service_argv(compose, ["zero3", "--resume"], tmp_path) == LAUNCH + ["zero3", "--smoke", "--cpu",
+                                                                                   "--resume"]
     # a training argument after `--` named like the flag does not turn it off
     assert cpu_service_argv(compose, ["zero3", "--", "--resume"], tmp_path)[6] == "--overwrite"
 
@@ -177,10 +178,12 @@ def test_pins_and_locks_check_fails_on_broken_copies():
     locks = {k: p.read_text() for k, p in LOCKS.items()}
 
     def problems(pins=pins, sets=sets, **changed_locks):
-        return pins_and_locks_problems(pins, sets, {**locks, **{k.replace("_", "-"): v for k, v in changed_locks.items()}})
+        changed = {k.replace("_", "-"): v for k, v in changed_locks.items()}
+        return pins_and_locks_problems(pins, sets, {**locks, **changed})
 
     torch = pinfiles.read_pins()["torch"]
-    assert drop_entry(locks["image"], "trl") != locks["image"] and problems(image=drop_entry(locks["image"], "trl")) == [
+    assert drop_entry(locks["image"], "trl") != locks["image"]
+    assert problems(image=drop_entry(locks["image"], "trl")) == [
         "image.lock lacks trl (image.in names it)"]
     assert problems(pins=pins.replace("\ntrl==", "\n# trl==")), "a set names trl, pins.txt does not pin it"
     assert problems(pins=pins + "vllm==0.1.0\n"), "a pin no set names"
@@ -404,7 +407,8 @@ def test_setup_sh_gpu_modes_check_their_inputs_before_installing(tmp_path):
     assert proc.returncode == 2 and "was made from another requirements/image.lock" in proc.stderr, proc.stderr
     proc = setup_sh("--from", tmp_path / "none", env=python)
     assert proc.returncode == 2 and "bundle.lock not found" in proc.stderr
-    for bad in (["--gpu", "extra"], ["--list"], ["--bundle"], ["--bundle", "x", "--check"], ["--python-version", "3.12"]):
+    for bad in (["--gpu", "extra"], ["--list"], ["--bundle"], ["--bundle", "x", "--check"],
+                ["--python-version", "3.12"]):
         proc = setup_sh(*bad)
         assert proc.returncode == 2 and proc.stderr.startswith("usage: bash ci/setup.sh"), (bad, proc.stderr)
 
@@ -495,12 +499,13 @@ def test_one_image_for_every_runtime_uid(tmp_path):
     assert runtime_uid_problems(dockerfile, tmp_path) == []
     assert any("USER_UID" in p for p in runtime_uid_problems(dockerfile.replace(
         "ARG FLASH_ATTN=0\n", "ARG FLASH_ATTN=0\nARG USER_UID=1000\n", 1), tmp_path))
-    assert any("final USER" in p for p in runtime_uid_problems(dockerfile.replace("USER 1000:1000", "USER app"), tmp_path))
+    assert any("final USER" in p
+               for p in runtime_uid_problems(dockerfile.replace("USER 1000:1000", "USER app"), tmp_path))
     assert any("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" in p for p in runtime_uid_problems(
         dockerfile.replace(" /cache/flash-attn-4 /cache/llm-recipes \\\n        /home/app", " /cache/llm-recipes \\\n"
                            "        /home/app"), tmp_path))
-    assert any("--chown" in p for p in runtime_uid_problems(dockerfile.replace("COPY . /app", "COPY --chown=1000:1000 . /app"),
-                                                            tmp_path))
+    chowned = dockerfile.replace("COPY . /app", "COPY --chown=1000:1000 . /app")
+    assert any("--chown" in p for p in runtime_uid_problems(chowned, tmp_path))
     assert any("go-w" in p for p in runtime_uid_problems(dockerfile.replace("chmod -R go-w /app", "true"), tmp_path))
     assert any("no-log-init" in p for p in runtime_uid_problems(dockerfile.replace("--no-log-init ", ""), tmp_path))
 

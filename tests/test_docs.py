@@ -35,7 +35,8 @@ def anchors(page: Path) -> set[str]:
 
 def test_readme_is_a_front_page():
     lines = len(README.read_text().splitlines())
-    assert lines <= MAX_README_LINES, (f"README.md has {lines} lines; it is the front page (at most {MAX_README_LINES}): "
+    assert lines <= MAX_README_LINES, (f"README.md has {lines} lines; it is the front page (at most "
+                                       f"{MAX_README_LINES}): "
                                        "move the details into a page under docs/ and link it")
 
 
@@ -78,7 +79,8 @@ def test_launch_has_no_import_cycle_and_at_most_seven_floors():
     floor = floors.floors()  # raises on a cycle
     top = sorted(floor, key=lambda name: -floor[name])
     assert floor["__main__.py"] == max(floor.values()) <= 7, (
-        "launch/ should have at most 7 floors, with the entry point on top: " + ", ".join(f"{n} {floor[n]}" for n in top))
+        "launch/ should have at most 7 floors, with the entry point on top: "
+        + ", ".join(f"{n} {floor[n]}" for n in top))
 
 
 def write(root: Path, files: dict[str, str]) -> Path:

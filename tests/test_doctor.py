@@ -73,7 +73,8 @@ def test_the_performance_traps_are_reported_and_a_trap_is_a_problem(monkeypatch)
     gets) and counts a trap as a problem; on this CPU venv every one says it was not checked."""
     n, out = doctor(resolve(Options(recipe="ring-cp-8gpu")))
     assert n == 0, out
-    for name in ("cuDNN", "SDPA backend", "driver", "flash-attn", "flash-attn-4", "kernels hub", "attention ring-cp-8gpu"):
+    for name in ("cuDNN", "SDPA backend", "driver", "flash-attn", "flash-attn-4", "kernels hub",
+                 "attention ring-cp-8gpu"):
         assert f"\n{name:<14} " in f"\n{out}", name
     from launch import image_checks
 
@@ -173,7 +174,8 @@ def test_doctor_checks_the_adapter_packages_and_their_4bit_path(monkeypatch):
     assert asked == [False, True, True]
 
 
-# ---- a virtualenv judged against the lock it was set up from (its setup marker: ci/setup.sh --gpu / --from) ------------
+# ---- a virtualenv judged against the lock it was set up from (its setup marker: ci/setup.sh --gpu / --from)
+# ------------
 
 def test_a_venv_is_judged_against_the_lock_its_setup_marker_names(tmp_path):
     """`ci/setup.sh --gpu` writes a marker naming image.lock: doctor reads it (from sys.prefix; here a folder) and
@@ -209,7 +211,8 @@ def test_a_bundle_venv_reports_the_machines_torch_build_without_failing_on_it(tm
     manifest = pinfiles.write_bundle(tmp_path / "bundle", "3.12", "manylinux_2_28_x86_64")
     pinfiles.write_marker(tmp_path, pinfiles.IMAGE_LOCK, "ci/setup.sh --from bundle", tmp_path / "bundle")
     host = pinfiles.host_lock(False, prefix=tmp_path)
-    assert host.machine == frozenset(manifest["machine_packages"]) and {"torch", "triton", "nvidia-cudnn-cu13"} <= host.machine
+    assert host.machine == frozenset(manifest["machine_packages"])
+    assert {"torch", "triton", "nvidia-cudnn-cu13"} <= host.machine
     machine = {"torch": "2.11.0+cu130", "triton": "3.5.1", "nvidia-cudnn-cu13": "9.19.0.56"}
     installed = {**image, **machine}
     del installed["cuda-toolkit"]

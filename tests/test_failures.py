@@ -213,8 +213,8 @@ EVAL_AT_THE_END = ["--eval_strategy", "steps", "--eval_steps", "12", "--per_devi
 
 
 def final_weights_reload_in_plain_transformers(out, tmp_path):
-    """OUTPUT_DIR/final holds full weights (gathered from ZeRO-3 or FSDP2 shards) and the tokenizer: loaded in one process,
-    the model gives the eval loss that the trained, distributed model logged at the last step."""
+    """OUTPUT_DIR/final holds full weights (gathered from ZeRO-3 or FSDP2 shards) and the tokenizer: loaded in one
+    process, the model gives the eval loss that the trained, distributed model logged at the last step."""
     import torch
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -145,7 +145,8 @@ def test_qwen3_1_7b_ddp_on_one_80gb_gpu_runs_without_checkpointing_and_with_lige
 def test_a_run_that_only_fits_with_checkpointing_keeps_it(capsys):
     """Qwen3-8B LoRA on one 24 GB GPU: without checkpointing nothing fits, so the choice checkpoints; every faster
     candidate says what it would need."""
-    rc, out, err = plan(capsys, "lora", "--gpus", "1", "--gpu-memory", "24", "--model", MODEL_CONFIGS / "Qwen--Qwen3-8B",
+    rc, out, err = plan(capsys, "lora", "--gpus", "1", "--gpu-memory", "24",
+                        "--model", MODEL_CONFIGS / "Qwen--Qwen3-8B",
                         "--fastest", "--json")
     data = json.loads(out)
     chosen = data["fastest"]
@@ -231,7 +232,8 @@ def test_a_cpu_dry_run_prints_the_choice_and_runs_it(capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "Liger: off: a CPU run" in out and "<- fastest that fits" in out
-    assert "--fastest: checkpointing off, Liger off, micro-batch 4 x accumulation 1 (--activation_checkpointing false)" \
+    assert ("--fastest: checkpointing off, Liger off, micro-batch 4 x accumulation 1 "
+            "(--activation_checkpointing false)") \
         in out
     command = out[out.index("accelerate launch"):]
     assert command.index("--activation_checkpointing true") < command.index("--activation_checkpointing false")

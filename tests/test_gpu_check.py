@@ -212,7 +212,8 @@ def test_the_row_list_quick_set_and_order():
     everything = check.select_rows(check.parse([]))
     # every model x length x recipe, and the QUICK rows not among them (the 4K rows and the variants)
     assert everything[:7] == check.QUICK and len(everything) == len(set(everything)) == 4 * 2 * 4 + 6
-    kinds = [0 if r in check.QUICK else 1 if check.published(r.model, r.recipe, r.max_length) else 2 for r in everything]
+    kinds = [0 if r in check.QUICK else 1 if check.published(r.model, r.recipe, r.max_length) else 2
+             for r in everything]
     assert kinds == sorted(kinds) and kinds.count(1) > 5
     assert check.select_rows(check.parse(["--models", "Qwen3-8B", "--recipes", "lora", "--lengths", "4096"])) == [
         check.QUICK[4], Row("Qwen3-8B", "lora", 4096, ("--fastest",))]

@@ -1,11 +1,11 @@
 """GPU smoke tests (`pytest -m gpu`, `docker compose run test`): each recipe's GPU smoke profile on the real GPU
 path (NCCL, bf16, the recipe's attention kernel), judged against its recorded `smoke-gpu` expected metrics.
 
-The GPU smoke profile (`launch.results.expected.smoke_gpu`) is one process on one GPU for every recipe whose layout means
-something there (ddp, zero1/2/3, zero3-offload, fsdp2 and qlora-fsdp as a shard group of one, lora): `pytest -m gpu`
-on one GPU runs those eight, each a small run (a 2-layer model, 12 steps). The recipes whose Accelerate config fixes
-a mesh of several processes (ring-attention CP, Ulysses SP, fsdp2-70b) run their CPU smoke layout and need 2 or 4
-GPUs; with fewer the test is skipped and says how many.
+The GPU smoke profile (`launch.results.expected.smoke_gpu`) is one process on one GPU for every recipe whose layout
+means something there (ddp, zero1/2/3, zero3-offload, fsdp2 and qlora-fsdp as a shard group of one, lora):
+`pytest -m gpu` on one GPU runs those eight, each a small run (a 2-layer model, 12 steps). The recipes whose Accelerate
+config fixes a mesh of several processes (ring-attention CP, Ulysses SP, fsdp2-70b) run their CPU smoke layout and need
+2 or 4 GPUs; with fewer the test is skipped and says how many.
 
 No `smoke-gpu` metrics are recorded yet (no GPU was available where this was written). A GPU runner records them
 once, deliberately, with the command the test prints (`python -m launch record RECIPE --smoke --num-processes 1`:

@@ -34,6 +34,7 @@ def test_config_from_the_hub_cache_and_none_offline_without_loading_the_model_re
                           env=test_env({"HF_HUB_CACHE": str(tmp_path / "hub")}))
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
-    assert "offline (HF_HUB_OFFLINE) and config.json of org/not-cached is not in the Hugging Face cache" in out["missing"]
+    assert ("offline (HF_HUB_OFFLINE) and config.json of org/not-cached is not in the Hugging Face cache"
+            in out["missing"])
     assert out["registry_imported"] is False
     assert (out["source"], out["problem"], out["layers"]) == ("hub cache", None, config["num_hidden_layers"])

@@ -50,7 +50,8 @@ def test_the_layout_answers_the_derived_questions():
 def test_the_per_rank_length_is_one_integer_rounded_up():
     """One per-rank length for the printout and the memory model: the largest rank's share of a length that does
     not divide (the planner's search tries such lengths), the exact share of one that does."""
-    sp4 = Layout.from_configs({"distributed_type": "DEEPSPEED", "num_processes": 4, "deepspeed_config": {"zero_stage": 3},
+    sp4 = Layout.from_configs({"distributed_type": "DEEPSPEED", "num_processes": 4,
+                               "deepspeed_config": {"zero_stage": 3},
                                "parallelism_config": {"parallelism_config_sp_size": 4,
                                                       "parallelism_config_dp_shard_size": 1}},
                               {"max_length": 4097, "per_device_train_batch_size": 2})

@@ -425,7 +425,8 @@ def test_ddp_fp32_load_keeps_fp32_masters_and_autocast_copies():
     assert any(t.name == "autocast's 16-bit copies of the fp32 weights" for t in est.gpu_terms)
     # the layer inputs it checkpoints are fp32 (the residual stream), the rotary cos/sin bf16
     n = run.layout.tokens_per_rank
-    assert terms.checkpointed_input_bytes(TOY, run) == TOY.num_layers * n * TOY.hidden_size * 4 + 2 * n * TOY.head_dim * 2
+    assert terms.checkpointed_input_bytes(TOY, run) == (TOY.num_layers * n * TOY.hidden_size * 4
+                                                        + 2 * n * TOY.head_dim * 2)
 
 
 def test_fsdp_accumulation_without_sync_keeps_whole_gradients():
@@ -497,7 +498,8 @@ def test_communication_buffers():
     assert terms.comm_buffer_bytes(TOY, run, "layer") == 2 * (1000 + 1000)  # + the reduce-scatter cat
     assert terms.comm_buffer_bytes(TOY, toy_run(zero_stage=2, reduce_bucket_size=1000), "layer") == 2 * (1000 + 592)
     assert terms.comm_buffer_bytes(TOY, toy_run(kind="fsdp2", zero_stage=None), "layer") == 2 * 2 * 592
-    cpu = toy_run(device="cpu", weights_dtype="float32", mixed_precision="no")  # the CPU profile: fp32; only touched pages
+    # the CPU profile: fp32; only touched pages
+    cpu = toy_run(device="cpu", weights_dtype="float32", mixed_precision="no")
     assert terms.comm_buffer_bytes(TOY, cpu, "loss") == 4 * TOY_P
 
 
@@ -675,7 +677,8 @@ def test_hsdp_shards_over_dp_shard_and_replicates_over_dp_replicate():
     for key in ("params_gpu", "grads_gpu", "optim_gpu"):
         assert s_hsdp[key] == s4[key] == 2 * s8[key]
     # the all-gather buffers are the unsharded layer whatever the mesh: bf16 compute copies (MixedPrecisionPolicy)
-    assert terms.gathered_param_bytes(TOY, hsdp, "layer") == terms.gathered_param_bytes(TOY, eight, "layer") == 2 * 2 * 592
+    assert terms.gathered_param_bytes(TOY, hsdp, "layer") == terms.gathered_param_bytes(TOY, eight, "layer") \
+        == 2 * 2 * 592
 
 
 def test_fsdp2_param_offload_moves_every_state_to_the_host_per_node():
@@ -711,7 +714,7 @@ def test_loading_reads_a_whole_copy_per_process_unless_cpu_ram_efficient():
 
 
 # ---- Adapters (issue 26): LoRA and QLoRA -------------------------------------------------------------------------
-def lora(**training) -> "Adapter":
+def lora(**training):
     from launch.adapter import Adapter
 
     return Adapter.from_training({"use_peft": True, "lora_target_modules": ["all-linear"], **training})
@@ -767,7 +770,8 @@ def test_lora_paths_save_their_inputs():
     assert saved["mlp"]["MLP intermediates"] == 3 * 2 * 16 and full["mlp"]["MLP intermediates"] == 4 * 2 * 16
     assert full["attention"]["input norm"] - saved["attention"]["input norm"] == 2 * 8
     no_dropout = replace(run, adapter=lora(lora_r=2, lora_dropout=0.0))
-    assert terms.layer_saved_bytes_per_token(TOY, no_dropout)["attention"]["LoRA paths (q/k/v/o)"] == 4 * (2 * 8 + 2 * 2)
+    saved = terms.layer_saved_bytes_per_token(TOY, no_dropout)["attention"]
+    assert saved["LoRA paths (q/k/v/o)"] == 4 * (2 * 8 + 2 * 2)
 
 
 def test_qlora_base_is_four_bit_with_its_absmax_and_fsdp_shards_it_only_in_a_float_storage():
@@ -870,7 +874,8 @@ def test_cpu_mode_is_a_process_rss():
     names = [t.name for t in est.gpu_terms]
     assert not any("CUDA" in n for n in names) and any("process runtime" in n for n in names)
     assert "DeepSpeed engine runtime" in names and all(t.where == "host" for t in est.gpu_terms)
-    runtime = constants.CPU_RUNTIME_BASELINE_GIB + constants.CPU_DEEPSPEED_ENGINE_GIB  # the engine's holds the Trainer's
+    # the engine's holds the Trainer's
+    runtime = constants.CPU_RUNTIME_BASELINE_GIB + constants.CPU_DEEPSPEED_ENGINE_GIB
     assert est.host_terms == [] and runtime < est.gpu_peak_gib < runtime + 0.01  # a 82K-parameter model
     assert "per process (CPU)" in format_table(est, 16.0, None)
 
@@ -982,7 +987,8 @@ def test_from_configs_alst_ulysses_8gpu():
 def test_from_configs_ring_cp_8gpu():
     _, run = recipe_run("ring-cp-8gpu")
     assert (run.layout.kind, run.layout.cp, run.layout.world_size) == ("fsdp2", 8, 8)
-    assert run.gradient_checkpointing and run.offload_activations  # transformers' checkpointing with offload (TRL #6846)
+    # transformers' checkpointing with offload (TRL #6846)
+    assert run.gradient_checkpointing and run.offload_activations
     assert run.liger_kernels and run.attn_implementation == "sdpa" and run.cp_comm_strategy == "allgather"
     assert run.layout.shard_group == 8 and run.layout.per_rank_length == 1_048_576 // 8
 
@@ -1004,7 +1010,8 @@ def test_from_configs_defaults_and_offload_switches():
     # SFTConfig's defaults (TrainingArguments' per-device batch 8), read from TRL's dataclass
     assert (run.layout.max_length, run.layout.per_device_train_batch_size, run.mixed_precision) == (1024, 8, "bf16")
     assert run.layout.mesh["dp_shard"] == 4
-    # `max_length: null` (no truncation) leaves the layout without a length; the memory model plans at SFTConfig's default
+    # `max_length: null` (no truncation) leaves the layout without a length; the memory model plans at SFTConfig's
+    # default
     assert RunShape.from_configs(acc, {"max_length": None}).layout.max_length == 1024
     trl = {"gradient_checkpointing_kwargs": {"offload": True}, "label_smoothing_factor": 0.1}
     run = RunShape.from_configs({"distributed_type": "MULTI_GPU", "num_processes": 2}, trl)
@@ -1100,7 +1107,8 @@ def test_large_transients_without_expandable_segments_get_a_note():
     from launch.memory.estimate import LARGE_TRANSIENT_GIB, LARGE_TRANSIENT_SHARE
     from launch.memory_plan import expandable_segments
 
-    assert expandable_segments({}, {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6,expandable_segments:True"})
+    assert expandable_segments({}, {"PYTORCH_CUDA_ALLOC_CONF":
+                                    "garbage_collection_threshold:0.6,expandable_segments:True"})
     assert expandable_segments({}, {"PYTORCH_ALLOC_CONF": "expandable_segments:True"})  # PyTorch >= 2.9's name
     # the config's env: wins over the environment the ranks inherit
     assert not expandable_segments({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"},

@@ -1,5 +1,6 @@
 """Activation-checkpoint offload as transformers does it (`activation_checkpointing_kwargs: {offload: true}`), which
-alst-ulysses-8gpu and the ring-cp recipes use with ZeRO-3 / FSDP2, and its CPU enablement (launch/cpu/pinned_offload.py).
+alst-ulysses-8gpu and the ring-cp recipes use with ZeRO-3 / FSDP2, and its CPU enablement
+(launch/cpu/pinned_offload.py).
 
 What makes it safe with ZeRO-3, where TRL's `activation_offloading` is not (launch/rules.py): the saved-tensor hook
 wraps each checkpointed decoder layer's call only, so it receives that layer's input hidden states and nothing else;

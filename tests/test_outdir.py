@@ -83,7 +83,8 @@ def test_overwrite_deletes_only_what_runs_created_and_says_so(tmp_path):
         outdir.check(out, resume=False, overwrite=False)
     claim = outdir.check(out, resume=False, overwrite=True)
     assert claim.delete == ["checkpoint-4", "final", "trainer_state.json"]
-    assert any("--overwrite: deleting the earlier run's checkpoint-4, final, trainer_state.json" in n for n in claim.notes)
+    assert any("--overwrite: deleting the earlier run's checkpoint-4, final, trainer_state.json" in n
+               for n in claim.notes)
     outdir.claim(claim, command="second")
     assert sorted(p.name for p in out.iterdir()) == [run.meta.name]
     outdir.release(claim)

@@ -84,7 +84,8 @@ def test_the_parser_holds_trls_sft_classes_and_the_recipes_own():
 
 def test_train_script_copies_match_the_template_and_readme_blocks_are_current():
     problems = readme_blocks.check()
-    assert problems == [], ("\n".join(problems) + "\nRun `python -m launch sync-scripts` (it rewrites the marked train.py "
+    assert problems == [], ("\n".join(problems) + "\nRun `python -m launch sync-scripts` (it rewrites the marked "
+                            "train.py "
                             "copies from templates/train.py and every generated README block from the code); to change "
                             "one recipe's train.py on purpose, delete its `# Copied from` line (a fork) and say why in "
                             "its README.")
@@ -215,9 +216,11 @@ def test_a_fork_runs_passes_the_layout_checks_and_sync_leaves_it_alone(tmp_path)
     before = script.read_text()
     messages = []
     readme_blocks.sync(recipes, out=messages.append)  # leaves the fork alone
-    assert script.read_text() == before and f"left alone (forked: no `{copies.MARKER_PREFIX}` line): {script}" in messages
+    assert script.read_text() == before
+    assert f"left alone (forked: no `{copies.MARKER_PREFIX}` line): {script}" in messages
     # a changed config makes the "fits on" block stale; the check's advice is the command that fixes it
-    (fork / "config.yaml").write_text((fork / "config.yaml").read_text().replace("max_length: 2048", "max_length: 1024"))
+    config = fork / "config.yaml"
+    config.write_text(config.read_text().replace("max_length: 2048", "max_length: 1024"))
     [stale] = readme_blocks.check(recipes)
     assert "fits-on" in stale and "run `python -m launch sync-scripts`" in stale
     readme_blocks.sync(recipes, out=messages.append)

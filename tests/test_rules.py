@@ -53,7 +53,8 @@ def test_unknown_command_line_training_argument(tmp_path):
 
 @shows(rules.config_keys_required)
 def test_missing_required_keys(tmp_path):
-    setup = resolve(Options(recipe=str(make_recipe(tmp_path, config={"model_name_or_path": None, "dataset_name": None}))))
+    folder = make_recipe(tmp_path, config={"model_name_or_path": None, "dataset_name": None})
+    setup = resolve(Options(recipe=str(folder)))
     [msg] = messages(setup)
     assert "missing required key(s): model_name_or_path, dataset_name" in msg
 
@@ -423,8 +424,8 @@ def test_fsdp_activation_checkpointing_excludes_the_training_argument_under_eith
     for extra in (["--activation_checkpointing", "true"], ["--gradient_checkpointing", "true"]):
         [msg] = messages(resolve(Options(recipe=str(folder), extra=extra)), facts(model_config=QWEN3_8B))
         assert "cannot both be on" in msg
-    assert messages(resolve(Options(recipe=str(folder), extra=["--no_gradient_checkpointing", "--activation_checkpointing",
-                                                               "false"])), facts(model_config=QWEN3_8B)) == []
+    extra = ["--no_gradient_checkpointing", "--activation_checkpointing", "false"]
+    assert messages(resolve(Options(recipe=str(folder), extra=extra)), facts(model_config=QWEN3_8B)) == []
 
 
 @shows(rules.fsdp_param_offload_not_on_cpu)
@@ -555,7 +556,8 @@ def test_lora_rank_must_be_positive(tmp_path):
 @shows(rules.lora_targets_match)
 def test_lora_targets_that_match_no_linear_layer_are_refused(tmp_path):
     qwen3 = json.loads((MODEL_CONFIGS / "Qwen--Qwen3-8B" / "config.json").read_text())
-    folder = make_recipe(tmp_path, base="ddp", config={"use_peft": True, "lora_target_modules": ["query_key_value", "dense"]})
+    folder = make_recipe(tmp_path, base="ddp",
+                         config={"use_peft": True, "lora_target_modules": ["query_key_value", "dense"]})
     msg = rules.lora_targets_match(resolve(Options(recipe=str(folder))), facts(qwen3))
     assert "lora_target_modules ['query_key_value', 'dense'] match none of the linear layers" in msg
     assert ("self_attn.q_proj, self_attn.k_proj, self_attn.v_proj, self_attn.o_proj, mlp.gate_proj, mlp.up_proj, "
@@ -623,7 +625,8 @@ def test_the_preflight_passes_a_lora_run_that_fits_and_stops_the_full_fine_tune_
     setup = resolve(Options(recipe=str(make_recipe(tmp_path, base="ddp", config=lora)), num_processes=1))
     plan = plan_memory(setup, one_gpu, model=model)
     assert rules.gpu_memory_fits(setup, facts(memory=plan, gpu_count=1)) is None
-    full = resolve(Options(recipe=str(make_recipe(tmp_path, base="ddp", config={**lora, "use_peft": False}, name="full")),
+    full_recipe = make_recipe(tmp_path, base="ddp", config={**lora, "use_peft": False}, name="full")
+    full = resolve(Options(recipe=str(full_recipe),
                            num_processes=1))
     msg = rules.gpu_memory_fits(full, facts(memory=plan_memory(full, one_gpu, model=model), gpu_count=1))
     assert msg.startswith("The planner predicts") and "the GPUs here have 24.0 GiB" in msg

@@ -310,4 +310,5 @@ def test_the_right_setup_passes_its_band(tmp_path, trained):
     verdict = sentinel.read_verdict(out / ".launch" / "heartbeat")
     assert verdict["verdict"] == "passed", verdict
     summary = json.loads((out / "run_summary.json").read_text())
-    assert summary["loss_sentinel"]["verdict"] == "passed" and "loss sentinel: the first 1 logged loss(es)" in proc.stdout
+    assert summary["loss_sentinel"]["verdict"] == "passed"
+    assert "loss sentinel: the first 1 logged loss(es)" in proc.stdout

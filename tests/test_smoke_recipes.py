@@ -13,7 +13,8 @@ from launch.recipes import RECIPES_DIR, find_recipe, recipe_names
 
 pytestmark = pytest.mark.slow
 
-CPU_VERIFIED = [n for n in recipe_names() if "smoke-cpu" in read_expected(find_recipe(n).expected_metrics_path).get("profiles", {})]
+CPU_VERIFIED = [n for n in recipe_names()
+                if "smoke-cpu" in read_expected(find_recipe(n).expected_metrics_path).get("profiles", {})]
 
 
 def test_every_recipe_is_verified_on_cpu():
@@ -99,7 +100,8 @@ def test_cp_smoke_runs_the_real_cp_path_and_matches_no_cp(name, smoke_runs):
     assert "[launch.cpu] context parallelism" not in proc.stdout
     # transformers' CP test allows rtol=atol=2e-2; measured here (fp32): loss 9.5e-7, grad_norm 1.5e-5 (cp4), the
     # grad_norm being float32 reduction order (the no-CP run alone moves 5.5e-6 between pad-to-4 and pad-to-8)
-    assert_parity(f"cp-{name}", [("no CP", base["observed"]), ("CP", cp["observed"])], {"loss": 1e-5, "grad_norm": 1e-4})
+    assert_parity(f"cp-{name}", [("no CP", base["observed"]), ("CP", cp["observed"])],
+                  {"loss": 1e-5, "grad_norm": 1e-4})
 
 
 def test_smoke_runs_log_to_trackio_offline_and_it_reads_back(smoke_runs):

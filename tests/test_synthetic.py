@@ -1,6 +1,6 @@
-"""Synthetic runs (launch/rank/synthetic.py, `synthetic: true` in train.py): the architecture from config.json alone with the
-run's config overrides, random rows of exactly max_length tokens made when read, the one-token tokenizer TRL needs,
-and one real run of the recipe's train.py on CPU from a folder holding nothing but config.json. The launcher path
+"""Synthetic runs (launch/rank/synthetic.py, `synthetic: true` in train.py): the architecture from config.json alone
+with the run's config overrides, random rows of exactly max_length tokens made when read, the one-token tokenizer TRL
+needs, and one real run of the recipe's train.py on CPU from a folder holding nothing but config.json. The launcher path
 (ddp and ZeRO-3 through `python -m launch`) is exercised by tests/test_gpu_check.py."""
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ def _trackio_losses(store: Path, project: str, run: str) -> dict[int, float]:
 
     def values(metric):
         out = subprocess.run([str(trackio), "get", "metric", "--project", project, "--run", run, "--metric", metric,
-                              "--json"], capture_output=True, text=True, timeout=120, env=test_env({"TRACKIO_DIR": str(store)}))
+                              "--json"], capture_output=True, text=True, timeout=120,
+                             env=test_env({"TRACKIO_DIR": str(store)}))
         assert out.returncode == 0, out.stderr
         return {v["step"]: v["value"] for v in json.loads(out.stdout)["values"]}
 
@@ -48,7 +49,8 @@ def test_trl_sft_runs_the_recipe_config_like_the_launcher(recipe, tmp_path, smok
            *profiles.as_argv(overrides)]
     store = tmp_path / "trackio"
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env=test_env({"TRACKIO_DIR": str(store), "PYTHONPATH": str(REPO / "launch" / "cpu" / "site")}))
+                          env=test_env({"TRACKIO_DIR": str(store),
+                                        "PYTHONPATH": str(REPO / "launch" / "cpu" / "site")}))
     assert proc.returncode == 0, explain(proc)
     # launch/cpu/site kept DeepSpeed from building (or loading) its inference-only shm op (35 s on a fresh machine)
     assert "deepspeed_shm_comm" not in proc.stdout + proc.stderr

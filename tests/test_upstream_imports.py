@@ -27,7 +27,8 @@ SCRIPT = textwrap.dedent("""
     helpers = sys.modules.get("peft.helpers")
     print("IMPORTED " + json.dumps({"status": status, "peft": "peft" in sys.modules,
                                     "peft.helpers.bnb": repr(getattr(helpers, "bnb", "no peft.helpers")),
-                                    "bitsandbytes": sorted(m for m in sys.modules if m.split(".")[0] == "bitsandbytes")}))
+                                    "bitsandbytes": sorted(m for m in sys.modules
+                                                           if m.split(".")[0] == "bitsandbytes")}))
 """)
 
 KERNELS_MESSAGE = "Failed to load CPU gemm_4bit_forward"  # bitsandbytes/backends/cpu/ops.py, from its import

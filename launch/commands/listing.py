@@ -18,7 +18,8 @@ def main(argv: list[str]) -> int:
     print(f"{'recipe':<20} {'strategy':<52} {'procs':>5}  {'CPU':<4} {'train.py':<8} purpose")
     for r in rows:
         cpu = "yes" if r["cpu_verified"] else "no"
-        print(f"{r['name']:<20} {r['strategy']:<52} {r['processes']:>5}  {cpu:<4} {r['train_script']:<8} {r['purpose']}")
+        print(f"{r['name']:<20} {r['strategy']:<52} {r['processes']:>5}  {cpu:<4} {r['train_script']:<8} "
+              f"{r['purpose']}")
     print("\nCPU: the smoke profile runs on CPU (gloo) and meets its recorded expected metrics in CI.")
     print("train.py: `copy` = templates/train.py with the sections its config turns on, kept equal by sync-scripts; "
           "`fork` = changed on purpose (see its README).")

@@ -4,8 +4,10 @@
 lives in its own module, names the upstream behaviour it works around, and has a test:
 - fsdp: an FSDP2 Accelerate config (plain, HSDP or under CP) really shards under MULTI_CPU, as it does on GPUs
   (tests/test_cpu_fsdp.py);
-- context_parallel: ring-attention CP through Accelerate + FSDP2 with a CPU SDPA kernel (tests/test_cpu_cp_attention.py);
-- gloo_alltoall: torch.distributed.nn's all-to-all inside a subgroup on gloo, for 2D SP (tests/test_cpu_gloo_alltoall.py);
+- context_parallel: ring-attention CP through Accelerate + FSDP2 with a CPU SDPA kernel
+  (tests/test_cpu_cp_attention.py);
+- gloo_alltoall: torch.distributed.nn's all-to-all inside a subgroup on gloo, for 2D SP
+  (tests/test_cpu_gloo_alltoall.py);
 - gloo_exit: a rank aborting at interpreter exit after a successful run (tests/test_cpu_cp_attention.py uses it);
 - activation_offload: TRL's activation offloader built for a machine without an accelerator (tests/test_alst_tiling.py);
 - pinned_offload: transformers' checkpoint offload (`activation_checkpointing_kwargs: {offload: true}`) without pinned

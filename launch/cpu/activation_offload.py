@@ -6,10 +6,10 @@ machine without an accelerator, so SFTTrainer fails at start ("'NoneType' object
 default CUDA-style streams and pinned memory do not exist on CPU either. We build the same offloader with "cpu" as
 that device, no streams and no pinned memory. At each entry the offloader also calls `device_module.empty_cache()`
 when bitsandbytes is imported (peft and transformers import it once it is installed); `torch.cpu` has no
-`empty_cache` (no caching allocator to empty), so the offloader gets `torch.cpu` with a no-op one. Its saved-tensor hooks then run as on GPU (every checkpointed layer
-input goes through pack/unpack and the tracker), but the "offload" is a copy within host memory: a CPU run checks
-that the hooks keep loss and gradients unchanged, not that memory is saved. tests/test_alst_tiling.py holds the
-unit test; the alst-ulysses-8gpu CPU smoke profile runs with offloading on.
+`empty_cache` (no caching allocator to empty), so the offloader gets `torch.cpu` with a no-op one. Its saved-tensor
+hooks then run as on GPU (every checkpointed layer input goes through pack/unpack and the tracker), but the "offload" is
+a copy within host memory: a CPU run checks that the hooks keep loss and gradients unchanged, not that memory is saved.
+tests/test_alst_tiling.py holds the unit test; the alst-ulysses-8gpu CPU smoke profile runs with offloading on.
 """
 
 from __future__ import annotations

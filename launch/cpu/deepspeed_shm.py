@@ -6,10 +6,10 @@ CPU accelerator JIT-compiles the C++ op `deepspeed_shm_comm` (csrc/cpu/comm/shm*
 torch.utils.cpp_extension, into ~/.cache/torch_extensions/py311_cpu) whenever `deepspeed.ops.__compatible_ops__`
 lists it as compatible: 35 s on an idle 2-core machine (measured), about 3 minutes on a loaded one (issue 24), in
 which the run prints nothing until "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully"; later
-runs load the cached build. The op serves only `TorchBackend.inference_all_reduce` (DeepSpeed inference and AutoTP's inference mode).
-Training's collectives (ZeRO's all-gather and reduce-scatter, the gradient all-reduce) are torch.distributed calls
-on gloo with or without it, and `inference_all_reduce` itself falls back to `torch.distributed.all_reduce` when the
-op is absent.
+runs load the cached build. The op serves only `TorchBackend.inference_all_reduce` (DeepSpeed inference and AutoTP's
+inference mode). Training's collectives (ZeRO's all-gather and reduce-scatter, the gradient all-reduce) are
+torch.distributed calls on gloo with or without it, and `inference_all_reduce` itself falls back to
+`torch.distributed.all_reduce` when the op is absent.
 
 The fix: mark the op incompatible in the dict `build_shm_op` reads (DeepSpeed keeps that dict in `deepspeed.ops`, "so
 edits to it persist"), so that it returns None before compiling. Only when Accelerate will run DeepSpeed

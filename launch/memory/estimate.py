@@ -12,7 +12,8 @@ from launch.memory.constants import (CPU_DEEPSPEED_ENGINE_GIB, CPU_RUNTIME_BASEL
                                      LOSSES, NCCL_GIB, gib, pow2)
 from launch.memory.results import Estimate, Term
 from launch.memory.run_shape import RunShape
-from launch.memory.terms import (autocast_weight_copy_bytes, checkpointed_input_bytes, unsynced_gradient_bytes, comm_buffer_bytes, gathered_param_bytes, kernel_length_limits,
+from launch.memory.terms import (autocast_weight_copy_bytes, checkpointed_input_bytes, unsynced_gradient_bytes,
+                                 comm_buffer_bytes, gathered_param_bytes, kernel_length_limits,
                                  layer_working_set_bytes, loss_bytes, model_state_bytes,
                                  offloaded_activation_host_bytes, optimizer_step_bytes, stored_activation_bytes,
                                  gradients_alive_at_loss, nccl_communicators, tied_embedding_backward_bytes)
@@ -36,7 +37,8 @@ def estimate(arch: Architecture, run: RunShape) -> Estimate:
         host.append(loading)  # transient, before training: the node's peak is the larger of the two
         host_node = max(host_node, loading.gib + CPU_RUNTIME_BASELINE_GIB * run.layout.processes_per_machine)
     gpu_terms = _device_terms(arch, run, phases) + overheads
-    allocated, peak, notes = gib(phases.allocated), phases.peak, _kernel_notes(arch, run) + _allocator_notes(run, phases)
+    allocated, peak = gib(phases.allocated), phases.peak
+    notes = _kernel_notes(arch, run) + _allocator_notes(run, phases)
     if startup := _synthetic_startup(arch, run):
         # before training, so never at the same time as the training phases: the GPU's peak is the larger of the two
         if startup.gib > allocated:  # the peak: the table's total is this line's, not the training terms'
@@ -182,11 +184,13 @@ def _device_terms(arch: Architecture, run: RunShape, phases: Phases) -> list[Ter
     if gp:
         terms.append(Term("gathered parameters", gib(gp),
                           "stage3_max_live_parameters / stage3_max_reuse_distance" if ds
-                          else ("fsdp_sharding_strategy" if run.layout.kind == "fsdp1" else "fsdp_reshard_after_forward")
+                          else ("fsdp_sharding_strategy" if run.layout.kind == "fsdp1"
+                                else "fsdp_reshard_after_forward")
                           + " (one unit per layer)", dev, in_fwd_bwd))
     if unsynced := unsynced_gradient_bytes(arch, run):
         terms.append(Term("unsharded gradients accumulated without sync (FSDP no_sync)", gib(unsynced),
-                          "gradient_accumulation_steps; accelerator_config.gradient_accumulation_kwargs.sync_each_batch",
+                          "gradient_accumulation_steps; "
+                          "accelerator_config.gradient_accumulation_kwargs.sync_each_batch",
                           dev, in_fwd_bwd))
     if copies := autocast_weight_copy_bytes(arch, run, "loss" if peak == "loss" else "layer"):
         terms.append(Term("autocast's 16-bit copies of the fp32 weights", gib(copies),
@@ -344,7 +348,8 @@ def _allocator_notes(run: RunShape, phases: Phases) -> list[str]:
         return []
     return [f"one phase's transient tensors take {gib(transient):.1f} GiB per GPU ({transient / phases.allocated:.0%} "
             "of the allocated peak) and PYTORCH_CUDA_ALLOC_CONF does not set expandable_segments:True: the caching "
-            f"allocator's fragmentation may then exceed the {ratio - 1:.0%} planned (measured with short sequences). Set it in the config's env: block, as "
+            f"allocator's fragmentation may then exceed the {ratio - 1:.0%} planned (measured with short sequences). "
+            "Set it in the config's env: block, as "
             "alst-ulysses-8gpu does"]
 
 

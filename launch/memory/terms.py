@@ -426,7 +426,8 @@ def loss_bytes(arch: Architecture, run: RunShape, n_tokens: int | None = None) -
     """
     n = run.layout.tokens_per_rank if n_tokens is None else n_tokens
     a, H, V = run.act_bytes, arch.hidden_size, arch.vocab_size
-    p = BYTES.get(run.precision.forward_weight_dtype, 4)  # the LM head's weight as the loss sees it (grad_weight's dtype)
+    # the LM head's weight as the loss sees it (grad_weight's dtype)
+    p = BYTES.get(run.precision.forward_weight_dtype, 4)
     liger = run.liger_kernels
     norm_saved = a * H if liger else (F32 * H if a < 4 else 0) + a * H  # final RMSNorm's saved tensors
     norm_out = a * H

@@ -4,8 +4,9 @@ launcher asks (it sets LAUNCH_MONITOR_DIR; under plain `accelerate launch` nothi
 - Heartbeats: each rank rewrites `<dir>/rank<RANK>.json` with its last event (train_begin, step_begin, step_end,
   train_end) and step, so the launcher can tell a rank that stopped making progress from one that waits for it
   (`launch.supervise.Watchdog`).
-- With LAUNCH_BENCH=<warm-up steps>: `launch.rank.measure.measure_callback`, into `<dir>/bench/`: tokens/s, MFU and memory
-  per rank, cheap enough for every run (no per-step device sync unless LAUNCH_BENCH_SYNC=1; see launch/throughput.py).
+- With LAUNCH_BENCH=<warm-up steps>: `launch.rank.measure.measure_callback`, into `<dir>/bench/`: tokens/s, MFU and
+  memory per rank, cheap enough for every run (no per-step device sync unless LAUNCH_BENCH_SYNC=1; see
+  launch/throughput.py).
 - With LAUNCH_FIRST_LOSS_BAND=<band as JSON>: `launch.rank.sentinel.sentinel_callback`, which stops the run (every rank
   raises) when a first logged loss is outside the band recorded in the recipe's expected_metrics.json.
 

@@ -36,7 +36,8 @@ class _Refuse(importlib.abc.Loader):
     """A loader whose module cannot be created: `import REFUSED` raises ModuleNotFoundError, as when not installed."""
 
     def create_module(self, spec):
-        raise ModuleNotFoundError(f"{spec.name} is not imported by {IMPORTER} in the launcher (launch.upstream_imports)",
+        raise ModuleNotFoundError(f"{spec.name} is not imported by {IMPORTER} in the launcher "
+                                  "(launch.upstream_imports)",
                                   name=spec.name)
 
     def exec_module(self, module):  # never reached

@@ -161,6 +161,7 @@ def smoke_gpu(recipe) -> SmokeGpu:
         return SmokeGpu(SMOKE_GPU_PROCESSES)
     cpu = profile_entry(recipe, "smoke-cpu").get("invocation") or {}
     processes = int(cpu.get("num_processes") or total)
-    why = (f"its Accelerate config fixes a mesh of {total} processes ({', '.join(f'{k}={v}' for k, v in sizes.items())}): "
+    mesh = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    why = (f"its Accelerate config fixes a mesh of {total} processes ({mesh}): "
            f"its GPU smoke profile is its CPU smoke layout, {processes} processes on {processes} GPUs")
     return SmokeGpu(processes, dict(cpu.get("mesh") or {}), tuple(cpu.get("training_args") or ()), why)

@@ -1,9 +1,10 @@
-"""Plots of runs (`python -m launch compare`, `launch.commands.compare`): per-step loss and grad_norm of several runs, and
-each run's difference from the first, as one PNG and a table.
+"""Plots of runs (`python -m launch compare`, `launch.commands.compare`): per-step loss and grad_norm of several runs,
+and each run's difference from the first, as one PNG and a table.
 
-The measure is the parity tests' and the judge's own (`launch.results.stepdiff`): on the steps two runs both logged, the maximum absolute
-difference and the mean signed difference (run - first). TRL's invariant tolerances (`launch.results.expected.TOLERANCE`)
-are printed beside them for context; the parity tests hold tighter limits of their own.
+The measure is the parity tests' and the judge's own (`launch.results.stepdiff`): on the steps two runs both logged, the
+maximum absolute difference and the mean signed difference (run - first). TRL's invariant tolerances
+(`launch.results.expected.TOLERANCE`) are printed beside them for context; the parity tests hold tighter limits of their
+own.
 
 Parity tests can call `write_comparison(runs, out)` when they fail, with (label, observed) pairs where observed is
 a run_summary.json "observed" dict ({"step": [...], "loss": [...], "grad_norm": [...]}); it writes the PNG and
@@ -145,8 +146,9 @@ def comparison_table(runs: list[tuple[str, dict]], tolerance: dict | None = None
         if len(d.steps) != d.n_reference or len(d.steps) != d.n_run:
             notes.append(f"note: {d.label} {d.metric}: {len(d.steps)} common steps (first run logged {d.n_reference}, "
                          f"this run {d.n_run}); compared on those only")
-    lines.append("tolerance: TRL's invariant tolerances (launch.results.expected.TOLERANCE), for context; the parity tests "
-                 "hold tighter limits of their own" if tolerance is TOLERANCE else "tolerance: as given by the caller")
+    lines.append("tolerance: TRL's invariant tolerances (launch.results.expected.TOLERANCE), for context; the parity "
+                 "tests hold tighter limits of their own" if tolerance is TOLERANCE else "tolerance: as given by the "
+                 "caller")
     return "\n".join(lines + notes)
 
 

@@ -1,4 +1,5 @@
-# Copied from templates/train.py [sections: join-documents, sharded-final-save] (python -m launch sync-scripts keeps it equal; delete this line to fork it)
+# Copied from templates/train.py [sections: join-documents, sharded-final-save]
+# (`python -m launch sync-scripts` keeps it equal to the template; delete these two lines to fork it)
 """Supervised fine-tuning with TRL's SFTTrainer, launched by `accelerate launch`.
 
 Run it the way the recipe README shows, for example:
@@ -33,10 +34,8 @@ class RecipeArguments:
             "random weights, rows of max_length random tokens, same SFTTrainer (launch/rank/synthetic.py); no final/."
         },
     )
-    synthetic_rows: int | None = field(
-        default=None,
-        metadata={"help": "Rows of a synthetic run (made when read). Default: enough for max_steps on every process."},
-    )
+    synthetic_rows: int | None = field(default=None, metadata={
+        "help": "Rows of a synthetic run (made when read). Default: enough for max_steps on every process."})
     save_final: bool = field(default=True, metadata={"help": "Save the final model in OUTPUT_DIR/final (--bench: no)."})
     join_documents_min_chars: int = field(
         default=0,

@@ -273,7 +273,8 @@ def dockerfile_lock_problems(dockerfile_text: str, locks: dict[str, dict[str, st
         # every lock is installed hash-checked; the one install without a lock is the wheel this build compiled
         if install["requirements"] and "--require-hashes" not in install["options"]:
             problems.append(f"Dockerfile: a lock is installed without --require-hashes: {install}")
-        if not install["requirements"] and not install["packages"] and not install["local"] == ["/wheels/flash_attn-*.whl"]:
+        local_flash_attn = install["local"] == ["/wheels/flash_attn-*.whl"]
+        if not install["requirements"] and not install["packages"] and not local_flash_attn:
             problems.append(f"Dockerfile: `pip install` of {install['local']}: only flash-attn's wheel, compiled in "
                             "this build, is installed from a local file")
         for file in install["requirements"] + install["constraints"]:
@@ -297,7 +298,8 @@ def dockerfile_lock_problems(dockerfile_text: str, locks: dict[str, dict[str, st
                      for n in option.split("=", 1)[1].split(",")}
         wanted = {name for file in install["requirements"] for name in files.get(file, {})} & source_only
         if install["requirements"] and ":all:" not in binary:
-            problems.append(f"Dockerfile: a lock is installed without --only-binary=:all: (sdists would be built): {install}")
+            problems.append("Dockerfile: a lock is installed without --only-binary=:all: (sdists would be built): "
+                            f"{install}")
         if install["requirements"] and wanted - no_binary:
             problems.append(f"Dockerfile: source-only {sorted(wanted - no_binary)} missing from --no-binary: {install}")
     instructions = dockerfile_instructions(dockerfile_text)
@@ -515,7 +517,8 @@ def flash_attn_arch_problems(dockerfile_text: str, tmp_path: Path) -> list[str]:
     for arch_list, want in ARCH_CASES.items():
         rc, got, err = flash_attn_targets(dockerfile_text, arch_list, tmp_path)
         if want is None and rc == 0:
-            problems.append(f"TORCH_CUDA_ARCH_LIST={arch_list!r} gave flash-attn targets {got!r}; the build should stop")
+            problems.append(f"TORCH_CUDA_ARCH_LIST={arch_list!r} gave flash-attn targets {got!r}; the build should "
+                            "stop")
         elif want is not None and (rc != 0 or got != want):
             problems.append(f"TORCH_CUDA_ARCH_LIST={arch_list!r}: flash-attn targets {got!r} (exit {rc}), expected "
                             f"{want!r} {err.strip()}")
@@ -722,14 +725,16 @@ def label_problems(dockerfile_text: str) -> list[str]:
     for i, (word, rest) in enumerate(stage):
         if word == "ARG" and "=" in rest:
             args[rest.split("=", 1)[0]] = (i, rest.split("=", 1)[1])
-    last_install = max((i for i, (word, rest) in enumerate(stage) if word == "RUN" and "pip install" in rest), default=-1)
+    last_install = max((i for i, (word, rest) in enumerate(stage) if word == "RUN" and "pip install" in rest),
+                       default=-1)
     for label, arg in OCI_LABELS.items():
         if f'{label}="${{{arg}}}"' not in labels:
             problems.append(f"LABEL {label} is not set from ${{{arg}}}")
         if arg not in args:
             problems.append(f"ARG {arg} is not declared in the final stage")
         elif args[arg][0] < last_install:
-            problems.append(f"ARG {arg} comes before the last install: a new commit would rebuild the dependency layers")
+            problems.append(f"ARG {arg} comes before the last install: a new commit would rebuild the dependency "
+                            "layers")
         elif args[arg][1] != "unknown":
             problems.append(f"ARG {arg} defaults to {args[arg][1]!r}, not `unknown`")
     runs = " ".join(rest for word, rest in stage if word == "RUN")
@@ -918,7 +923,8 @@ def compose_service_problems(compose: dict) -> list[str]:
             problems.append(f"{name}: LAUNCH_IMAGE (the image reference run_summary.json records) is not set")
         if name.startswith("node"):
             if service.get("network_mode") != "host":
-                problems.append(f"{name}: network_mode is not host (rendezvous and NCCL reach the other nodes directly)")
+                problems.append(f"{name}: network_mode is not host (rendezvous and NCCL reach the other nodes "
+                                "directly)")
             if "IPC_LOCK" not in (service.get("cap_add") or []):
                 problems.append(f"{name}: no cap_add IPC_LOCK (InfiniBand registers pinned memory)")
             missing = sorted(k for k in NODE_ENV if k not in environment or environment[k] is not None)
@@ -947,7 +953,8 @@ def memlock_problems(compose_file: Path) -> list[str]:
     """MEMLOCK sets the memlock limit of every service (a daemon whose hard limit is lower refuses -1)."""
     overridable = dict(os.environ, MEMLOCK="8388608")
     proc = run([compose_binary(), "-f", str(compose_file), "--project-directory", str(ROOT), "--env-file", os.devnull,
-                *[a for n in PROFILES for a in ("--profile", n)], "config", "--format", "json"], env=overridable, cwd=ROOT)
+                *[a for n in PROFILES for a in ("--profile", n)], "config", "--format", "json"],
+               env=overridable, cwd=ROOT)
     if proc.returncode != 0:
         return [proc.stderr]
     services = json.loads(proc.stdout)["services"]
