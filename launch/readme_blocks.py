@@ -164,7 +164,10 @@ def trace_table(body: str | None) -> str:
         return f"No traces recorded yet: `python benchmarks/trace_table.py` writes them into `{rel}`.\n"
     data = json.loads(TRACE_TABLE.read_text())
     rows = [f"Measured by `python benchmarks/trace_table.py` on {data['date'][:10]} ({data['host']['cpus']} CPU cores, "
-            f"load average {data['load_average']:.1f} at the start; `{rel}` holds every category). Allocated peak "
+            f"load average {data['load_average']:.1f} at the start; `{rel}` holds every category), each recipe's GPU "
+            f"default with `-- {' '.join(data.get('training_args', [])) or 'nothing'}` (Liger's Triton kernels do "
+            "not run under fake tensors; so the plans here are above the defaults' own, which count Liger's smaller "
+            "activations). Allocated peak "
             "per GPU in GiB (what `torch.cuda.max_memory_allocated` reports: without the CUDA context, NCCL and the "
             "allocator's reserve, which neither side can see); ratio = traced / analytic.", "",
             "| recipe | tokens per rank | analytic (GiB) | traced (GiB) | ratio | wall (s) |",

@@ -772,6 +772,10 @@ def test_lora_paths_save_their_inputs():
     no_dropout = replace(run, adapter=lora(lora_r=2, lora_dropout=0.0))
     saved = terms.layer_saved_bytes_per_token(TOY, no_dropout)["attention"]
     assert saved["LoRA paths (q/k/v/o)"] == 4 * (2 * 8 + 2 * 2)
+    # on a CPU torch's dropout multiplies by a mask in its input's dtype (the fp32 adapter's), not CUDA's bool mask
+    cpu = toy_run(kind="ddp", zero_stage=None, world_size=1, mesh=mesh(), device="cpu", weights_dtype="float32",
+                  mixed_precision="no", adapter=lora(lora_r=2, lora_dropout=0.1))
+    assert terms.layer_saved_bytes_per_token(TOY, cpu)["attention"]["LoRA paths (q/k/v/o)"] == 4 * ((4 + 4) * 8 + 4 * 2)
 
 
 def test_qlora_base_is_four_bit_with_its_absmax_and_fsdp_shards_it_only_in_a_float_storage():

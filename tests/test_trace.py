@@ -32,6 +32,8 @@ def layout(kind: str, world: int, length: int, batch: int = 1, accumulation: int
 
 LORA = Adapter.from_training({"use_peft": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0,
                               "lora_target_modules": ["all-linear"]})
+LORA_DROPOUT = Adapter.from_training({"use_peft": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05,
+                                      "lora_target_modules": ["all-linear"]})
 
 CASES = {
     "one process (no DDP wrapper)": (TINY, RunShape(layout("ddp", 1, 2048, 2), attn_implementation="sdpa")),
@@ -53,6 +55,10 @@ CASES = {
     # LoRA (the lora recipe's adapter: r 16, alpha 32, all linear layers) on a frozen bf16 base
     "LoRA, DDP, 2 processes": (TINY, RunShape(layout("ddp", 2, 4096, 2), attn_implementation="sdpa",
                                               adapter=LORA)),
+    # the lora recipe's lora_dropout 0.05 without checkpointing: every targeted linear keeps CUDA's 1-byte dropout
+    # mask (a CPU trace would keep the CPU's fp32 one: tracing._cuda_dropout)
+    "LoRA with dropout, no checkpointing": (TINY, RunShape(layout("ddp", 1, 4096), attn_implementation="sdpa",
+                                                           gradient_checkpointing=False, adapter=LORA_DROPOUT)),
 }
 
 

@@ -102,13 +102,16 @@ def lora_saved_bytes_per_token(arch: Architecture, run: RunShape, parent: str) -
     PEFT's `lora.Linear.forward` runs `lora_B(lora_A(dropout(x)))` per targeted linear on `x` cast to the adapter's
     dtype (`_cast_input_dtype`; `adapter_dtype_bytes`), one per targeted linear although q/k/v share their input.
     Saved: lora_A's input (`in` wide: in the autocast dtype under bf16/fp16 mixed precision, which casts it again,
-    else the adapter's dtype), dropout's bool mask (1 byte per element, lora_dropout > 0), and lora_B's input (`r`
-    wide, same dtype). Counted as a new tensor even without dropout: the dtype cast or autocast's makes one."""
+    else the adapter's dtype), dropout's mask (lora_dropout > 0: on a GPU CUDA's fused kernel keeps a bool mask, 1
+    byte per element; on a CPU torch multiplies by a mask in the input's dtype, the adapter's: aten `_dropout_impl`),
+    and lora_B's input (`r` wide, same dtype). Counted as a new tensor even without dropout: the dtype cast or
+    autocast's makes one."""
     adapter = run.adapter
     if adapter is None:
         return 0.0
     autocast = run.precision.mixed != "no"
     a = BYTES[run.precision.compute_dtype] if autocast else adapter_dtype_bytes(run)
+    mask = 0 if adapter.dropout <= 0 else 1 if run.device == "gpu" else adapter_dtype_bytes(run)
     shapes = arch.linear_layers()
     suffixes = {n.rsplit(".", 1)[-1] for n in adapter.targets(arch.linear_module_names())} - {"lm_head"}
     total = 0.0
@@ -116,7 +119,7 @@ def lora_saved_bytes_per_token(arch: Architecture, run: RunShape, parent: str) -
         if shapes[suffix][0] != parent:
             continue
         fan_in = shapes[suffix][1]
-        total += (a + (1 if adapter.dropout > 0 else 0)) * fan_in + a * adapter.r
+        total += (a + mask) * fan_in + a * adapter.r
     return total
 
 
