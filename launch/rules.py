@@ -422,7 +422,8 @@ def liger_kernel_installed(setup, facts: Facts):
     return (f"{_given(setup, 'use_liger_kernel', True)} needs liger-kernel, which is not installed here: every rank "
             "would load the model and then stop with an ImportError (transformers' Trainer). Install it "
             f"({install_command('liger-kernel')}, the version of the image's lock), or turn Liger off: "
-            "`-- --use_liger_kernel false`.")
+            "`-- --use_liger_kernel false` (Liger's kernels keep activations smaller: add `--fastest` to re-choose "
+            "checkpointing and the micro-batch for a run without them).")
 
 
 @rule(machine=True)

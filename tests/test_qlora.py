@@ -82,6 +82,10 @@ from launch import smoke
 distributed = "RANK" in os.environ
 if distributed:
     dist.init_process_group("gloo")
+    # FSDP1's gathers hold tensors a gloo worker drops at exit: without the CPU path's pause, a rank may abort after
+    # its work is done ("terminate called without an active exception": seen once in a full CI run, 2026-11-28)
+    from launch.cpu.gloo_exit import let_gloo_workers_finish_at_exit
+    let_gloo_workers_finish_at_exit()
 rank = dist.get_rank() if distributed else 0
 path = smoke.ensure_smoke_assets(progress=lambda *_: None)["model"]
 q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
