@@ -90,7 +90,8 @@ def untraceable(run: RunShape) -> str | None:
         return ("LoRA under FSDP is not traced: torch's MemTracker hooks every parameter FSDP gathers, and a frozen "
                 "base's gathered parameters refuse gradient hooks")
     if run.liger_kernels:
-        return "Liger's Triton kernels cannot run under fake tensors on a CPU build"
+        return ("Liger's Triton kernels cannot run under fake tensors on a CPU build (`-- --use_liger_kernel false` "
+                "traces the run without them)")
     return None
 
 
