@@ -37,7 +37,7 @@
 # UID a runtime sets (docker --user, compose's HOST_UID, Kubernetes' runAsUser, enroot/pyxis's caller): the code
 # is root's and read-only, while /cache, /app/outputs and HOME are writable by any UID. OCI labels (source,
 # revision, version, created, the image lock's sha256) are set last, from build arguments ci/image.sh fills in;
-# /opt/pins/image.json holds the same facts for `run_summary.json` (launch/machine.py).
+# /opt/pins/image.json holds the same facts for `run_summary.json` (launch/facts/machine.py).
 ARG BASE_IMAGE=debian:13.8-slim
 # 1: add flash-attn 2, compiled from source in its own stage (hours on a small host: see that stage).
 ARG FLASH_ATTN=0
@@ -298,7 +298,7 @@ COPY . /app
 RUN pip install --no-cache-dir --no-deps --no-build-isolation -e /app \
     && chmod -R go-w /app \
     && mkdir -p /app/outputs && chmod 1777 /app/outputs \
-    && python -m launch.pins check --exact /opt/pins/expected.lock
+    && python -m launch.facts.pins check --exact /opt/pins/expected.lock
 
 # Caches on the volume mounted at /cache (docker-compose.yml): Hugging Face hub/datasets, DeepSpeed and
 # torch JIT extensions, Triton kernels, flash-attn-4's compiled kernels (its persistent JIT cache, keyed by a

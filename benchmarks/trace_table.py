@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launch.recipes import recipe_names  # noqa: E402
+from launch.recipe.discovery import recipe_names  # noqa: E402
 
 
 # Liger's Triton kernels do not run under fake tensors on a CPU build: both sides plan and trace the default without

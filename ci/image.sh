@@ -21,11 +21,11 @@
 #   tools-list     docker compose run tools list
 #   tools-plan     docker compose run tools plan zero3 ...        (the model's config.json from docs/model_configs)
 #   pip-check      pip check
-#   pins           python -m launch.pins check --exact requirements/image.lock (with FLASH_ATTN=1: the image's
+#   pins           python -m launch.facts.pins check --exact requirements/image.lock (with FLASH_ATTN=1: the image's
 #                  /opt/pins/expected.lock, image.lock plus flash-attn)
 #   imports        torch, transformers, accelerate, deepspeed, trl, datasets, peft, bitsandbytes, liger_kernel,
 #                  trackio, flash_attn.cute (flash-attn-4) (+ flash_attn_2_cuda)
-#   traps          python -m launch.image_checks (cuDNN loaded = locked wheel; the GPU checks say "no GPU")
+#   traps          python -m launch.checks.image (cuDNN loaded = locked wheel; the GPU checks say "no GPU")
 #   permissions    as UID 1000 and as UID 4321 (not the image's): the code is not writable, /cache, HOME and
 #                  /app/outputs are
 #   jit-cpu-adam   DeepSpeed's cpu_adam op (zero3-offload) JIT-compiled into an empty extensions folder, then
@@ -244,12 +244,12 @@ if [ "$build_rc" = 0 ]; then
     check tools-plan "${compose[@]}" run --rm -T tools plan zero3 --gpus 8 --gpu-memory 80 \
         --model docs/model_configs/Qwen--Qwen3-8B
     check pip-check "${in_image[@]}" pip cpu check
-    check pins "${in_image[@]}" python cpu -m launch.pins check --exact "$lock"
+    check pins "${in_image[@]}" python cpu -m launch.facts.pins check --exact "$lock"
     check imports "${in_image[@]}" python cpu -c "import importlib, importlib.metadata as m
 for name in '$modules'.split():
     mod = importlib.import_module(name)
     print(name, getattr(mod, '__version__', ''))"
-    check traps "${in_image[@]}" python cpu -m launch.image_checks
+    check traps "${in_image[@]}" python cpu -m launch.checks.image
     # $OUT: a folder of ./outputs that any UID may write to (./outputs itself is the host user's: a host folder is
     # writable only by whom its modes allow)
     # shellcheck disable=SC2016  # expanded in the container

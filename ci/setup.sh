@@ -25,7 +25,7 @@
 #                    the bundle's, the Python of the machine's torch)
 #   --check          change nothing: exit 0 when the virtualenv matches the lock, 1 when not
 #
-# --gpu and --from write a setup marker into the virtualenv (llm-recipes-setup.json, launch/pins.py): the lock it
+# --gpu and --from write a setup marker into the virtualenv (llm-recipes-setup.json, launch/facts/pins.py): the lock it
 # was set up from, and from a bundle the packages left to the machine's torch build; `python -m launch doctor`
 # judges the environment against that lock and reports the machine's torch build beside it without failing on it.
 #
@@ -78,7 +78,7 @@ TORCH_CPU_WHEELS=${TORCH_CPU_WHEELS:-https://download.pytorch.org/whl/cpu/torch/
 # The packages published as source only (the names in requirements/uv.toml) are built here without build
 # isolation, by the build backends of the lock, which are installed first; everything else is a wheel.
 source_only=$(sed -n 's/^name = "\(.*\)"$/\1/p' requirements/uv.toml | paste -sd, -)
-# lock_entries LOCK NAME...: those entries of LOCK with their --hash lines (awk: launch.pins needs `packaging`,
+# lock_entries LOCK NAME...: those entries of LOCK with their --hash lines (awk: launch.facts.pins needs `packaging`,
 # which a new virtualenv does not have yet)
 lock_entries() {
     awk -v names=" ${*:2} " '/^[^ #]/ { split($1, a, "=="); keep = index(names, " " tolower(a[1]) " ") > 0 }
@@ -95,11 +95,11 @@ if [ "$mode" = bundle ]; then
     bundle_platform=${bundle_platform:-$target_platform}
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
-    # launch.pins lists the bundle (it needs `packaging`) and pip downloads it (DeepSpeed's sdist: pip reads its
+    # launch.facts.pins lists the bundle (it needs `packaging`) and pip downloads it (DeepSpeed's sdist: pip reads its
     # metadata with setuptools' own bdist_wheel, setuptools >= 70.1, without build isolation; nothing is built).
     # PYTHON when it has all three, else a throwaway virtualenv with image.lock's packaging and setuptools,
     # hash-checked (--list needs `packaging` only).
-    pins() { PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$tool" -m launch.pins "$@"; }
+    pins() { PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$tool" -m launch.facts.pins "$@"; }
     tool=$PYTHON
     needs='import packaging, pip, setuptools.command.bdist_wheel'
     $list_only && needs='import packaging'
@@ -174,15 +174,15 @@ esac
 # --gpu and --from: the setup marker (the lock, and the packages left to the machine's torch build)
 mark() {
     case "$mode" in
-        gpu) "$py" -m launch.pins mark "$VENV" "$LOCK" "$setup_command" > /dev/null ;;
-        from) "$py" -m launch.pins mark "$VENV" requirements/image.lock "$setup_command" "$dir" > /dev/null ;;
+        gpu) "$py" -m launch.facts.pins mark "$VENV" "$LOCK" "$setup_command" > /dev/null ;;
+        from) "$py" -m launch.facts.pins mark "$VENV" requirements/image.lock "$setup_command" "$dir" > /dev/null ;;
     esac
 }
 
-# Up to date: every package of the lock is installed at its version (launch/pins.py reads the lock; it needs
+# Up to date: every package of the lock is installed at its version (launch/facts/pins.py reads the lock; it needs
 # `packaging`, so on a new virtualenv this fails and the install runs) and `launch` is this checkout's.
 up_to_date() {
-    "$py" -m launch.pins check "$LOCK" > /dev/null 2>&1 \
+    "$py" -m launch.facts.pins check "$LOCK" > /dev/null 2>&1 \
         && [ "$(cd / && "$py" -c 'import launch; print(launch.__file__)' 2>/dev/null)" = "$PWD/launch/__init__.py" ]
 }
 
@@ -193,7 +193,7 @@ if up_to_date; then
 fi
 if $check_only; then
     echo "ci/setup.sh: $VENV differs from $LOCK:" >&2
-    "$py" -m launch.pins check "$LOCK" >&2 || true
+    "$py" -m launch.facts.pins check "$LOCK" >&2 || true
     exit 1
 fi
 
@@ -229,7 +229,7 @@ else
 fi
 if ! up_to_date; then
     echo "ci/setup.sh: $VENV still differs from $LOCK:" >&2
-    "$py" -m launch.pins check "$LOCK" >&2 || true
+    "$py" -m launch.facts.pins check "$LOCK" >&2 || true
     exit 1
 fi
 mark

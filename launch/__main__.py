@@ -15,7 +15,7 @@ if not __package__:  # run as `python path/to/launch`: Python put launch/ itself
 
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from launch import interrupt  # noqa: E402 (small: the standard library only)
+from launch.run import interrupt  # noqa: E402 (small: the standard library only)
 from launch.rank import upstream_imports  # noqa: E402 (the standard library only)
 
 
@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with upstream_imports.kept_out():
             # imported here, inside the handler: importing the commands takes a second or more (torch, transformers),
-            # and an in-process caller's Ctrl-C then is one line too (the program's: launch.interrupt, until it writes)
+            # and an in-process caller's Ctrl-C then is one line too (the program's: launch.run.interrupt, until it
+            # writes)
             from launch.commands import guarded, registered, run
 
             commands = registered()

@@ -24,5 +24,5 @@ MESH_KEYS = {  # mesh dimension -> its size key in an Accelerate config's `paral
     "sp": "parallelism_config_sp_size",
 }
 
-# Environment variables the launcher reads (each parsed in one place, `launch.envvars`).
+# Environment variables the launcher reads (each parsed in one place, `launch.config.envvars`).
 ENV_MIN_FREE_MB = "LAUNCH_MIN_FREE_MB"

@@ -1,4 +1,4 @@
-"""The run's adapter (launch/adapter.py): read once from TRL's ModelConfig fields, matched to the model's linear
+"""The run's adapter (launch/config/adapter.py): read once from TRL's ModelConfig fields, matched to the model's linear
 layers as PEFT matches them."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 from trl import ModelConfig
 
-from launch.adapter import ALL_LINEAR, Adapter, Quantization
+from launch.config.adapter import ALL_LINEAR, Adapter, Quantization
 
 QWEN_LINEARS = [f"model.layers.0.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")] + [
     f"model.layers.0.mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj")] + ["lm_head"]

@@ -20,10 +20,11 @@ import pytest
 import yaml
 
 from helpers.launcher import REPO, free_port, shows
-from launch import outdir, rules
-from launch.adapter import quantization_on_cpu_supported
+from launch.checks import rules
+from launch.results import outdir
+from launch.config.adapter import quantization_on_cpu_supported
 from launch.__main__ import main
-from launch.recipes import RECIPES_DIR, find_recipe
+from launch.recipe.discovery import RECIPES_DIR, find_recipe
 
 
 # ---- fixtures: each takes the test's folder and returns {placeholder: value} for the row's argv -------------------
@@ -166,7 +167,7 @@ def _adapter_files() -> dict[str, bytes]:
         from peft import LoraConfig, get_peft_model
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from launch import smoke
+        from launch.config import smoke
 
         base = smoke.ensure_smoke_assets(progress=lambda *_: None)["model"]
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base))
@@ -181,7 +182,7 @@ def _adapter_files() -> dict[str, bytes]:
 def _lora_run(tmp, damage=lambda final: None) -> dict:
     """A finished lora run's folder as the launcher leaves it (its identity recorded), its adapter in final/, then
     `damage(final)`."""
-    from launch import smoke
+    from launch.config import smoke
 
     out = earlier_run(tmp, run=_identity("lora"))
     final = outdir.RunFolder(out).final
@@ -197,7 +198,7 @@ def _model_of_another_size(tmp) -> Path:
     """The smoke model's architecture at half its hidden size, with (random) weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from launch import smoke
+    from launch.config import smoke
 
     config = AutoConfig.from_pretrained(smoke.ensure_smoke_assets(progress=lambda *_: None)["model"])
     config.hidden_size, config.head_dim = config.hidden_size // 2, config.head_dim // 2
@@ -214,7 +215,7 @@ def _corrupted_manifest(tmp):
 def _model_dir(tmp, config):
     """A model folder holding only a config.json: the smoke model's with `config` over it (None: no config.json; a
     string: the file's text as given)."""
-    from launch import smoke
+    from launch.config import smoke
 
     folder = tmp / "model"
     folder.mkdir()
@@ -244,10 +245,10 @@ def _user_file(tmp, name):
 
 
 def _identity(recipe: str, num_processes: int | None = None) -> dict:
-    """The identity a smoke CPU run of `recipe` records in its output folder (launch.checkpoints.identity)."""
-    from launch.checkpoints import identity
-    from launch.options import Options
-    from launch.resolve import resolve
+    """The identity a smoke CPU run of `recipe` records in its output folder (launch.run.checkpoints.identity)."""
+    from launch.run.checkpoints import identity
+    from launch.config.options import Options
+    from launch.run.resolve import resolve
 
     return identity(resolve(Options(recipe=recipe, smoke=True, cpu=True, num_processes=num_processes),
                             progress=lambda *_: None))
@@ -529,7 +530,7 @@ REFUSED += [
      "lora_target_modules ['query_key_value', 'dense'] match none of the linear layers"),
     ("four-bit-base-fsdp-uint8-storage", "fsdp2 --smoke --cpu --dry-run -- --use_peft true --load_in_4bit true",
      "none", 2, "load_in_4bit under FSDP2 needs bnb_4bit_quant_storage equal to the model's dtype"),
-    # only while bitsandbytes' 4-bit path cannot train on CPU (launch.adapter.quantization_on_cpu_supported)
+    # only while bitsandbytes' 4-bit path cannot train on CPU (launch.config.adapter.quantization_on_cpu_supported)
     *([("qlora-on-cpu", "ddp --smoke --cpu --dry-run -- --use_peft true --load_in_4bit true", "none", 2,
         "bitsandbytes' quantized training does not run")] if not quantization_on_cpu_supported() else []),
 ]
@@ -682,10 +683,13 @@ def test_bad_environment_variable_is_named(case, tmp_path, capsys, no_spawn, mon
     assert _snapshot(*roots) | {str(p): None for p in REPO.iterdir()} == before, "files were created or changed"
 
 
-# ---- issue 33: a setting whose package this machine lacks (launch.rules' optional-package rules) -------------------
-# (id, argv, what this machine is made to lack, message fragment). A package of launch.machine.REPORTED is faked not
-# installed through the launcher's version lookup (launch.runner's installed_versions); a build tool of DeepSpeed's
-# JIT ops (launch.machine.jit_build_tools) faked not found, with no op prebuilt. The kernels hub route, FlashAttention's
+# ---- issue 33: a setting whose package this machine lacks (launch.checks.rules' optional-package rules)
+# -------------------
+# (id, argv, what this machine is made to lack, message fragment). A package of launch.facts.machine.REPORTED is faked
+# not
+# installed through the launcher's version lookup (launch.run.runner's installed_versions); a build tool of DeepSpeed's
+# JIT ops (launch.facts.machine.jit_build_tools) faked not found, with no op prebuilt. The kernels hub route,
+# FlashAttention's
 # fallback, is faked unusable (the CPU lock has no `kernels` either). GPU rows run on this GPU-less machine too: their
 # message comes with enough_gpus'.
 MISSING_PACKAGE = [
@@ -713,7 +717,8 @@ MISSING_PACKAGE = [
 @shows(rules.deepspeed_cpu_adam_buildable)
 @pytest.mark.parametrize("case", MISSING_PACKAGE, ids=[c[0] for c in MISSING_PACKAGE])
 def test_a_setting_whose_package_is_missing_is_refused_before_start(case, tmp_path, capsys, no_spawn, monkeypatch):
-    from launch import machine, runner
+    from launch.facts import machine
+    from launch.run import runner
 
     _id, argv, lacking, fragment = case
     versions = machine.installed_versions()
@@ -733,7 +738,7 @@ def test_a_setting_whose_package_is_missing_is_refused_before_start(case, tmp_pa
 
 
 def test_ctrl_c_during_the_checks_is_one_line_and_status_130(tmp_path, capsys, no_spawn, monkeypatch):
-    from launch import runner
+    from launch.run import runner
 
     def interrupted(*_a, **_k):
         raise KeyboardInterrupt
@@ -790,8 +795,8 @@ def test_the_recorded_layout_given_explicitly_is_not_a_change(recipe, processes,
     """Issue 19: `--num-processes N` equal to the recorded smoke layout is judged, not reported as a changed layout."""
     out, _ = _dry_run(f"{recipe} --smoke --cpu --num-processes {processes}", tmp_path, capsys)
     assert "smoke layout changed" not in out and "not judged" not in out
-    from launch.options import Options
-    from launch.resolve import resolve
+    from launch.config.options import Options
+    from launch.run.resolve import resolve
 
     recorded = json.loads((RECIPES_DIR / recipe / "expected_metrics.json").read_text())["profiles"]["smoke-cpu"]
     setup = resolve(Options(recipe=recipe, smoke=True, cpu=True, num_processes=processes), progress=lambda *_: None)
@@ -801,7 +806,7 @@ def test_the_recorded_layout_given_explicitly_is_not_a_change(recipe, processes,
 @pytest.mark.parametrize("value", ["off", "OFF"])
 def test_the_hang_watchdog_can_be_turned_off(value, tmp_path, capsys, no_spawn):
     _dry_run(f"ddp --smoke --cpu --hang-timeout {value}", tmp_path, capsys)
-    from launch.options import hang_timeout
+    from launch.config.options import hang_timeout
 
     assert hang_timeout(value) == float("inf") and hang_timeout("2.5") == 2.5
 
@@ -824,7 +829,7 @@ def test_expected_metrics_broken_during_the_run_still_give_a_summary(damage, tmp
     """Issue 19: a reference that becomes unreadable (or NaN) while the run trains: the summary is written, and the
     judge says it could not judge with its own exit status (4), not the "refused before start" status 2. The
     training itself is replaced by a fake that writes what a finished run writes."""
-    from launch import supervise
+    from launch.run import supervise
     from launch.results import judge
 
     folder = copy_recipe(tmp_path, base="ddp")
@@ -903,7 +908,7 @@ def test_compare_replaces_its_own_plot_only(tmp_path, capsys):
 
 
 def test_a_readme_that_is_not_utf8_is_named_with_its_line(tmp_path):
-    from launch.catalog import recipe_row
+    from launch.catalog.table import recipe_row
     from launch.errors import LaunchError
 
     folder = copy_recipe(tmp_path, base="ddp")
@@ -914,7 +919,7 @@ def test_a_readme_that_is_not_utf8_is_named_with_its_line(tmp_path):
 
 
 def test_sync_scripts_names_a_train_py_that_is_a_folder(tmp_path):
-    from launch import copies
+    from launch.recipe import copies
     from launch.errors import LaunchError
 
     shutil.copytree(RECIPES_DIR / "ddp", tmp_path / "ddp")
@@ -939,10 +944,10 @@ def test_lora_alpha_and_dropout_bounds(extra, fragment, tmp_path, capsys, no_spa
 
 
 def test_every_enum_valued_accelerate_key_is_checked_against_its_upstream_enum(tmp_path):
-    """One table (launch.accelerate_config.ENUMS): for each key, a value of upstream's enum passes (spelled as
+    """One table (launch.config.accelerate_config.ENUMS): for each key, a value of upstream's enum passes (spelled as
     Accelerate writes it) and a misspelt one is refused with the enum's values; a value Accelerate folds (INDUCTOR,
     BF16) is not refused by the launch parser's lower-case choices."""
-    from launch import accelerate_config
+    from launch.config import accelerate_config
 
     for key, enum in accelerate_config.ENUMS.items():
         fsdp = {"fsdp_version": 1}
@@ -1012,7 +1017,7 @@ def test_a_resumed_lora_run_says_its_merged_model_is_stale(tmp_path, capsys, mon
     """`merge` wrote RUN_DIR/merged from final/; a --resume of the run writes a new final/: the end of the run and
     its summary say merged/ is stale, with the command that rebuilds it. The training is replaced by a fake that
     writes what a finished lora run writes (trainer_state.json, final/ with the adapter's files)."""
-    from launch import supervise
+    from launch.run import supervise
 
     out = _lora_run(tmp_path)["out"]
     merged = outdir.RunFolder(out).merged

@@ -1,4 +1,5 @@
-"""Throughput, MFU and memory (launch/throughput.py): both MFU conventions on hand-computed cases, the GPU peak table,
+"""Throughput, MFU and memory (launch/speed/measured.py): both MFU conventions on hand-computed cases, the GPU peak
+table,
 the ranks' callback driven on CPU (tokens, synchronised marks, its cost), how the ranks' files combine, the planner's
 prediction beside each memory figure, the longest-length search, and `bench --max-length auto` refusing a machine
 without GPUs. A CPU smoke run's --bench figures in run_summary.json are checked in tests/test_smoke_recipes.py."""
@@ -12,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from launch import memory, throughput
+from launch import memory
+from launch.speed import measured as throughput
 from launch.rank import measure
 from launch.__main__ import main
 

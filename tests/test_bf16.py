@@ -30,9 +30,9 @@ import yaml
 
 from helpers.launcher import assert_parity, explain, launch_in_process
 
-from launch import smoke
-from launch.outdir import RunFolder
-from launch.recipes import RECIPES_DIR
+from launch.config import smoke
+from launch.results.outdir import RunFolder
+from launch.recipe.discovery import RECIPES_DIR
 
 pytestmark = pytest.mark.slow
 
@@ -149,16 +149,16 @@ def test_qlora_adapter_trains_in_fp32_under_fsdp1_mixed_precision(smoke_runs):
     """qlora-fsdp in bf16, as on a GPU: TRL casts the quantized model's adapter to bf16, and Accelerate's FSDP1
     prepare_model upcasts every trainable FlatParameter to fp32 under mixed precision; PEFT's wrap policy gives each
     LoRA layer a unit of its own, so the fp32 adapter shares no FlatParameter with the bf16 (4-bit packed) base. The
-    saved adapter is fp32, as launch.precision reads the run and the memory model counts it. (The CPU profile's
+    saved adapter is fp32, as launch.config.precision reads the run and the memory model counts it. (The CPU profile's
     fp32 run has no mixed precision: its adapter stays bf16, tests/test_qlora.py.) One step, 2 processes (one
     process would not shard: launch/cpu/fsdp.py)."""
     import torch
 
     from launch.memory import adapters
-    from launch.memory_plan import run_shape
-    from launch.options import Options
-    from launch.precision import MASTER_FSDP1
-    from launch.resolve import resolve
+    from launch.memory.plan import run_shape
+    from launch.config.options import Options
+    from launch.config.precision import MASTER_FSDP1
+    from launch.run.resolve import resolve
 
     args = ("--max-steps", "1", "--", "--bf16", "true")
     _run(smoke_runs, "qlora-fsdp", *args)

@@ -9,12 +9,13 @@ import shutil
 
 import pytest
 
-from launch import envvars, recipes
+from launch.config import envvars
+from launch.recipe import discovery as recipes
 from launch.__main__ import main
 from launch.commands import registered
 from launch.commands.bench import without_max_length
 from launch.errors import LaunchError
-from launch.options import Options, options_from, parse_run, run_parser
+from launch.config.options import Options, options_from, parse_run, run_parser
 
 COMMANDS = registered()
 
@@ -98,7 +99,8 @@ def test_compare_and_sync_errors_are_launch_errors(capsys, tmp_path):
 
 
 def test_every_command_claims_its_word_in_recipes():
-    """launch.commands refuses to register a name that launch.recipes does not reserve, and every reserved name is a
+    """launch.commands refuses to register a name that launch.recipe.discovery does not reserve, and every reserved
+    name is a
     command: recipe discovery (a floor below the commands) refuses exactly the commands' names."""
     assert set(COMMANDS) == set(recipes.COMMAND_NAMES)
 
@@ -157,7 +159,7 @@ def test_run_flags_keep_their_spelling():
 
 
 def test_multinode_options_not_given_stay_unset_for_the_rendezvous(no_scheduler_env, monkeypatch):
-    """The parser fills in no scheduler variable: launch.envvars.rendezvous is the one place that does
+    """The parser fills in no scheduler variable: launch.config.envvars.rendezvous is the one place that does
     (tests/test_schedulers.py), so a flag and a variable are told apart there."""
     monkeypatch.setenv("SLURM_NNODES", "2")
     monkeypatch.setenv("MASTER_PORT", "29555")

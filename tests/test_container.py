@@ -30,7 +30,7 @@ from helpers.container_checks import (
     memlock_problems, pins_and_locks_problems, read_locks, receipt_inputs_sha256, receipt_problems, resolved_compose,
     run, runtime_uid_problems, source_only_packages, tool,
 )
-from launch import pins as pinfiles
+from launch.facts import pins as pinfiles
 
 HASH = "--hash=sha256:" + "0" * 64
 
@@ -333,7 +333,7 @@ def test_the_test_venv_is_the_cpu_lock(tmp_path):
     # and the comparison fails where a package differs from its lock entry
     lock = tmp_path / "cpu.lock"
     lock.write_text(re.sub(r"(?m)^numpy==\S+", "numpy==1.0.0", LOCKS["cpu"].read_text()))
-    proc = run([sys.executable, "-m", "launch.pins", "check", str(lock)], cwd=ROOT)
+    proc = run([sys.executable, "-m", "launch.facts.pins", "check", str(lock)], cwd=ROOT)
     assert proc.returncode == 1 and "numpy" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -640,7 +640,7 @@ def test_ci_image_script_runs_every_recorded_check():
     for name in SCRIPT_CHECKS:
         assert re.search(rf"^\s*check {re.escape(name)} ", script, flags=re.MULTILINE), name
     for command in ("run --rm -T tools doctor", "run --rm -T tools list", "run --rm -T tools plan zero3",
-                    "pip cpu check", "-m launch.pins check --exact", "-m launch.image_checks",
+                    "pip cpu check", "-m launch.facts.pins check --exact", "-m launch.checks.image",
                     "run --rm -T cpu zero3\n", "--user 4321:4321", "--profile multinode run --rm -T node",
                     "build --progress plain", "bash ci/setup.sh", "ci/image_receipt.py write"):
         assert command in script, command
@@ -649,10 +649,11 @@ def test_ci_image_script_runs_every_recorded_check():
 
 
 def test_run_summary_names_the_image_and_the_revision(tmp_path):
-    """run_summary.json's `provenance` (launch.machine.provenance): in the image, which has no .git, the revision it
+    """run_summary.json's `provenance` (launch.facts.machine.provenance): in the image, which has no .git, the revision
+    it
     was built from and the image's facts (/opt/pins/image.json) with the reference it was started as (LAUNCH_IMAGE);
     outside it, the checkout's HEAD. ci/image.sh checks the same on a real run in the image (the receipt)."""
-    from launch import machine
+    from launch.facts import machine
 
     facts = {"source": "unknown", "revision": "0123abc-dirty", "version": "0.1.0", "created": "2026-11-25T00:00:00Z",
              "image_lock_sha256": "f" * 64, "flash_attn": "0"}

@@ -17,10 +17,12 @@ import textwrap
 
 import pytest
 
-from launch import REPO_ROOT, profiles, runner
+from launch import REPO_ROOT
+from launch.config import profiles
+from launch.run import runner
 from launch.cpu import portable_bf16
-from launch.options import Options
-from launch.resolve import resolve
+from launch.config.options import Options
+from launch.run.resolve import resolve
 
 BF16_CPU_RUN = {"use_cpu": True, "dtype": "bfloat16", "bf16": False}
 AVX2_FLAGS = frozenset({"sse2", "avx", "avx2", "fma"})

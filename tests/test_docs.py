@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import REPO_ROOT, floors, readme_blocks
+from launch import REPO_ROOT
+from launch.catalog import blocks as readme_blocks, floors
 from launch.errors import LaunchError
 
 README = REPO_ROOT / "README.md"
@@ -75,11 +76,13 @@ def test_the_floor_table_is_generated_from_the_imports():
     assert readme_blocks.page_problems([page]) == []
 
 
-def test_launch_has_no_import_cycle_and_at_most_seven_floors():
+def test_launch_has_no_import_cycle_and_at_most_nine_floors():
+    # Nine since launch/ was grouped into concern packages (a package is one room): the entry point, commands/,
+    # catalog/, run/, speed/, checks/ memory/ results/, config/, recipe/, and the rooms that import nothing.
     floor = floors.floors()  # raises on a cycle
     top = sorted(floor, key=lambda name: -floor[name])
-    assert floor["__main__.py"] == max(floor.values()) <= 7, (
-        "launch/ should have at most 7 floors, with the entry point on top: "
+    assert floor["__main__.py"] == max(floor.values()) <= 9, (
+        "launch/ should have at most 9 floors, with the entry point on top: "
         + ", ".join(f"{n} {floor[n]}" for n in top))
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from helpers.launcher import explain, launch_cli
-from launch import doctor as doctor_module
-from launch import pins as pinfiles
-from launch.doctor import GPU_ONLY, IMAGE_OPTIONAL, read_pins, run_doctor
-from launch.machine import REPORTED
-from launch.options import Options
-from launch.resolve import resolve
+from launch.checks import doctor as doctor_module
+from launch.facts import pins as pinfiles
+from launch.checks.doctor import GPU_ONLY, IMAGE_OPTIONAL, read_pins, run_doctor
+from launch.facts.machine import REPORTED
+from launch.config.options import Options
+from launch.run.resolve import resolve
 
 PINS = read_pins()
 
@@ -69,14 +69,14 @@ def test_feature_floor_below_pin():
 
 
 def test_the_performance_traps_are_reported_and_a_trap_is_a_problem(monkeypatch):
-    """doctor prints launch.image_checks' lines (cuDNN, SDPA backend, driver, flash-attn, the attention each recipe
+    """doctor prints launch.checks.image' lines (cuDNN, SDPA backend, driver, flash-attn, the attention each recipe
     gets) and counts a trap as a problem; on this CPU venv every one says it was not checked."""
     n, out = doctor(resolve(Options(recipe="ring-cp-8gpu")))
     assert n == 0, out
     for name in ("cuDNN", "SDPA backend", "driver", "flash-attn", "flash-attn-4", "kernels hub",
                  "attention ring-cp-8gpu"):
         assert f"\n{name:<14} " in f"\n{out}", name
-    from launch import image_checks
+    from launch.checks import image as image_checks
 
     monkeypatch.setattr(image_checks, "trap_checks", lambda recipe_attn, **kwargs: [
         ("cuDNN", "90100 from /usr/lib/libcudnn.so.9", "cuDNN 90100 is loaded, the lock has 9.20.0.48")])
@@ -93,7 +93,7 @@ def test_doctor_cli_on_this_venv_passes():
 
 
 def test_pins_and_locks_are_read_by_one_parser():
-    """launch/pins.py (packaging) reads pins.txt and the locks for doctor, ci/setup.sh, lock.sh and the tests."""
+    """launch/facts/pins.py (packaging) reads pins.txt and the locks for doctor, ci/setup.sh, lock.sh and the tests."""
     assert doctor_module.read_pins is pinfiles.read_pins
     assert pinfiles.parse_pins("PyYAML==6.0.3  # comment\n\ntorch==2.13.0+cpu\n    # via\n    #   trl\n") == {
         "pyyaml": "6.0.3", "torch": "2.13.0+cpu"}
@@ -162,7 +162,7 @@ def test_doctor_checks_the_adapter_packages_and_their_4bit_path(monkeypatch):
     assert n == 1 and f"PROBLEM: peft 0.20.0 is installed but {PINS['peft']} is pinned" in out
     n, out = doctor(versions=pinned_versions(bitsandbytes=None), strict=False)
     assert n == 1 and "bitsandbytes is not installed" in out
-    from launch import image_checks
+    from launch.checks import image as image_checks
 
     asked = []
     real = image_checks.trap_checks
@@ -217,7 +217,7 @@ def test_a_bundle_venv_reports_the_machines_torch_build_without_failing_on_it(tm
     installed = {**image, **machine}
     del installed["cuda-toolkit"]
     kwargs = []
-    from launch import image_checks
+    from launch.checks import image as image_checks
 
     real = image_checks.trap_checks
     monkeypatch.setattr(image_checks, "trap_checks", lambda recipe_attn, **kw: kwargs.append(kw) or real(

@@ -18,9 +18,11 @@ import psutil
 import pytest
 
 from helpers.launcher import REPO, explain, launch_in_process, test_env
-from launch import checkpoints, envvars, outdir
+from launch.config import envvars
+from launch.results import outdir
+from launch.run import checkpoints
 from launch.errors import LaunchError
-from launch.outdir import RunFolder
+from launch.results.outdir import RunFolder
 
 
 def test_unwritable_output_dir_is_found_before_training(tmp_path):
@@ -223,7 +225,7 @@ def final_weights_reload_in_plain_transformers(out, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from launch import smoke
+    from launch.config import smoke
 
     logged = [h["eval_loss"] for h in json.loads(RunFolder(out).trainer_state.read_text())["log_history"]
               if "eval_loss" in h]

@@ -1,9 +1,9 @@
 """`--fastest` and the throughput model behind it (issue 35).
 
-- The throughput model (launch/throughput_model.py) against every measured row of launch/calibration.py, within 20%,
+- The throughput model (launch/speed/model.py) against every measured row of launch/facts/calibration.py, within 20%,
   and its fitted rates re-fitted from the rows (they must be what the rows give); the FLOP conventions it reports
   (MFU, HFU, and NeMo's frozen-base FLOPs, checked against NeMo's own published pair of figures).
-- The search (launch/fastest.py): what it chooses for Qwen3-1.7B DDP on one 80 GB GPU, that a run which only fits
+- The search (launch/speed/fastest.py): what it chooses for Qwen3-1.7B DDP on one 80 GB GPU, that a run which only fits
   with checkpointing keeps it, that every recipe's GPU defaults are what it finds for the GPUs its README names, and
   that the choice is applied as ordinary settings that the user's own win over.
 - One short real CPU run with `--fastest` (slow): it runs, its summary records the choice, and it trains like the
@@ -20,13 +20,14 @@ from dataclasses import replace
 import pytest
 
 from helpers.launcher import assert_parity, explain
-from launch import calibration, fastest, hub, throughput_model
+from launch.facts import calibration, hub
+from launch.speed import fastest, model as throughput_model
 from launch.__main__ import main
 from launch.memory import Architecture, RunShape
-from launch.memory_plan import SPARE, Target, default_target, plan_memory
-from launch.options import Options
-from launch.recipes import recipe_names
-from launch.resolve import FASTEST, resolve
+from launch.memory.plan import SPARE, Target, default_target, plan_memory
+from launch.config.options import Options
+from launch.recipe.discovery import recipe_names
+from launch.run.resolve import FASTEST, resolve
 
 MODEL_CONFIGS = hub.SHIPPED_CONFIGS
 
@@ -54,7 +55,7 @@ def test_the_throughput_model_is_within_20_percent_of_every_measured_row():
 
 
 def test_the_calibrated_rates_are_what_the_measured_rows_give():
-    """launch/calibration.py holds the fitted rates as numbers (so that a plan needs no fit); they must be what
+    """launch/facts/calibration.py holds the fitted rates as numbers (so that a plan needs no fit); they must be what
     `throughput_model.fit` gives from the rows today, to the precision they are held at."""
     fitted = throughput_model.fit()
     assert fitted.bandwidth == pytest.approx(calibration.MEMORY_BOUND_BYTES_PER_S, rel=1e-9)
@@ -75,7 +76,7 @@ def test_flop_conventions_mfu_hfu_and_the_frozen_base():
     (2 N_layers + 4 L H d S); an adapter run also reports NeMo's frozen-base FLOPs (causal x (2 + trainable / frozen)
     / 3). NeMo's own published pair -- Llama-3-8B LoRA on one H100 at 4,096 tokens, 12,473 tokens/s and 402 TFLOP/s --
     is reproduced by that convention on Llama-3.1-8B's architecture (the same shapes) within 2%."""
-    from launch.throughput import flops_params
+    from launch.speed.measured import flops_params
 
     arch = _qwen("Qwen--Qwen3-8B")
     accelerate = {"distributed_type": "MULTI_GPU", "num_processes": 1}

@@ -124,8 +124,8 @@ def test_the_check_uses_the_launchers_synthetic_option(tmp_path, capsys):
     """`--synthetic --model DIR`: a folder holding only config.json is enough; the dataset is not looked for; the run
     is marked synthetic (never judged as the recorded one)."""
     from launch.__main__ import main
-    from launch.options import Options
-    from launch.resolve import resolve
+    from launch.config.options import Options
+    from launch.run.resolve import resolve
 
     check = load_check()
     folder = tmp_path / "model"

@@ -24,11 +24,11 @@ import json
 import pytest
 
 from helpers.launcher import REPO, explain, launch_cli, launch_in_process
-from launch import profiles
-from launch.machine import gpu_info
-from launch.options import Options
-from launch.recipes import find_recipe, recipe_names
-from launch.resolve import resolve
+from launch.config import profiles
+from launch.facts.machine import gpu_info
+from launch.config.options import Options
+from launch.recipe.discovery import find_recipe, recipe_names
+from launch.run.resolve import resolve
 from launch.results.expected import profile_entry, smoke_gpu
 from launch.results.judge import NO_REFERENCE, record_command
 

@@ -1,4 +1,5 @@
-"""launch/hub.py: a model's config.json is read with AutoConfig from the hub cache when it is there, and its absence
+"""launch/facts/hub.py: a model's config.json is read with AutoConfig from the hub cache when it is there, and its
+absence
 offline is reported without importing transformers' model registry (the cost of an offline dry run)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from helpers.launcher import REPO, test_env
 
 PROBE = """
 import json, sys
-from launch import hub
+from launch.facts import hub
 missing = hub.read_model_config("org/not-cached")
 registry_imported = "transformers.models" in sys.modules
 cached = hub.read_model_config("org/cached")

@@ -1,4 +1,4 @@
-"""launch/image_checks.py: the performance-trap checks doctor and the image's start run (cuDNN, SDPA backend,
+"""launch/checks/image.py: the performance-trap checks doctor and the image's start run (cuDNN, SDPA backend,
 driver, flash-attn, attention per recipe), tested with fake torch modules, each in its passing and failing case.
 And the CPU-checkable facts behind the attention recommendation (docs/container.md): with transformers' SDPA,
 padded batches and packed documents (TRL's padding-free rows: position_ids, no attention mask) give the same
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from launch import image_checks as ic
-from launch import pins as pinfiles
+from launch.checks import image as ic
+from launch.facts import pins as pinfiles
 
 LOCKED_CUDNN = pinfiles.read_lock(pinfiles.IMAGE_LOCK)["nvidia-cudnn-cu13"]
 LOCKED_CUDNN_NUMBER = ic.cudnn_number(LOCKED_CUDNN)
@@ -47,7 +47,7 @@ WHEEL_CUDNN = "/opt/venv/lib/python3.13/site-packages/nvidia/cudnn/lib/libcudnn.
 
 
 def test_module_imports_nothing_heavy():
-    code = ("import sys, launch.image_checks; "
+    code = ("import sys, launch.checks.image; "
             "print(sorted(m for m in ('torch', 'transformers', 'accelerate', 'deepspeed') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -365,7 +365,7 @@ def test_bitsandbytes_4bit_runs_on_this_cpu():
 def test_every_recipe_runs_in_the_default_image():
     """The default image has no flash-attn (FLASH_ATTN=1 builds it): every recipe asks for SDPA, which its data layout
     makes equal to FlashAttention 2 (the tests below), and the Ulysses recipes' Accelerate configs agree."""
-    from launch.recipes import find_recipe
+    from launch.recipe.discovery import find_recipe
 
     settings = ic.recipe_attn_settings()
     assert set(settings.values()) == {"sdpa"}, settings

@@ -4,7 +4,7 @@ lock is released only once the job's processes are gone, and an early Ctrl-C is 
 The launcher runs in-process on the ddp smoke recipe with its training job replaced by a fake one (a process that
 starts a grandchild in its group and sleeps), so that each moment is hit exactly: just before `supervise.run`, inside
 `Popen` right after the fork (the handler cannot know the job's group yet), right after `Popen` returns, and while
-the job runs. Before the claim, the program `python -m launch` ends at once on a Ctrl-C (launch.interrupt): its
+the job runs. Before the claim, the program `python -m launch` ends at once on a Ctrl-C (launch.run.interrupt): its
 subprocess tests send SIGINT at named points of the start-up (imports, resolve, rules) through the test harness.
 """
 
@@ -19,7 +19,8 @@ import threading
 import pytest
 
 from helpers.launcher import HARNESS, REPO, test_env
-from launch import command, interrupt, outdir, supervise
+from launch.results import outdir
+from launch.run import command, interrupt, supervise
 from launch.__main__ import main
 
 # the fake job: a grandchild in the same process group, then a long sleep (a rank that would train for a minute)
@@ -99,8 +100,8 @@ def test_ctrl_c_at_any_moment_leaves_no_process_and_releases_the_lock_last(momen
 # transformers' import of its trainer utilities (under TRL's parser classes, under the recipe's make_parser), at
 # resolve, and at the output folder's check (after the rules and the memory plan: the last step before a run would
 # claim the folder). About 6 s of subprocesses in all (measured at load average 0.7 on 2 cores).
-START_UP = ["import:numpy.lib", "import:transformers.trainer_utils", "call:launch.resolve.resolve",
-            "call:launch.outdir.check"]
+START_UP = ["import:numpy.lib", "import:transformers.trainer_utils", "call:launch.run.resolve.resolve",
+            "call:launch.results.outdir.check"]
 
 
 @pytest.mark.parametrize("point", START_UP)
@@ -124,7 +125,7 @@ def test_an_early_ctrl_c_is_one_line(point):
     (["compare", "--out", "x.txt", "a", "b"], True),  # writes from its start (refused here, before it writes)
 ])
 def test_commands_that_write_hand_ctrl_c_back_to_python(argv, hands_over, capsys):
-    """The program's exit-at-once handler (launch.interrupt) stays for a command that only reads and is replaced by
+    """The program's exit-at-once handler (launch.run.interrupt) stays for a command that only reads and is replaced by
     Python's own (KeyboardInterrupt, so that cleanup runs) before a command that writes from its start."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (see above)
     try:

@@ -1,4 +1,5 @@
-"""The one layout object (launch/layout.py): built once while resolving a run; the rules, the plan printout and the
+"""The one layout object (launch/config/layout.py): built once while resolving a run; the rules, the plan printout and
+the
 memory model read the same values from it."""
 
 from __future__ import annotations
@@ -6,12 +7,12 @@ from __future__ import annotations
 import yaml
 
 from helpers.launcher import launch_in_process
-from launch import rules
-from launch.layout import ACCELERATE_DEFAULT_ZERO_STAGE, Layout
-from launch.memory_plan import run_shape
-from launch.options import Options
-from launch.recipes import find_recipe
-from launch.resolve import resolve
+from launch.checks import rules
+from launch.config.layout import ACCELERATE_DEFAULT_ZERO_STAGE, Layout
+from launch.memory.plan import run_shape
+from launch.config.options import Options
+from launch.recipe.discovery import find_recipe
+from launch.run.resolve import resolve
 from launch.switches import is_on
 from helpers.rule_checks import facts, make_recipe, messages
 

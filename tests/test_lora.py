@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 from helpers.launcher import assert_parity, explain, launch_in_process
-from launch import smoke
-from launch.copies import sync_script
-from launch.outdir import ADAPTER_CONFIG, ADAPTER_WEIGHTS, RunFolder
-from launch.options import Options
-from launch.recipes import RECIPES_DIR
-from launch.resolve import resolve
+from launch.config import smoke
+from launch.recipe.copies import sync_script
+from launch.results.outdir import ADAPTER_CONFIG, ADAPTER_WEIGHTS, RunFolder
+from launch.config.options import Options
+from launch.recipe.discovery import RECIPES_DIR
+from launch.run.resolve import resolve
 
 EVAL_AT_THE_END = ["--eval_strategy", "steps", "--eval_steps", "12", "--per_device_eval_batch_size", "1"]
 
@@ -150,7 +150,7 @@ def test_final_holds_the_adapter_and_only_the_adapter_trains(resumed):
     assert len(adapter) == layers * len(linear) * 2
     assert all(".lora_A." in k or ".lora_B." in k for k in adapter)
     assert {k.split(".lora_")[0].rsplit(".", 1)[-1] for k in adapter} == set(linear)
-    # fp32, as launch.precision reads the run (PEFT's autocast_adapter_dtype; the memory model counts 4 bytes)
+    # fp32, as launch.config.precision reads the run (PEFT's autocast_adapter_dtype; the memory model counts 4 bytes)
     precision = resolve(Options(recipe="lora", smoke=True, cpu=True)).precision
     assert {t.dtype for t in adapter.values()} == {getattr(torch, precision.trainable_dtype)} == {torch.float32}
     newest = RunFolder(resumed).checkpoints()[-1]  # checkpoint-12 (save_total_limit 2 rotated checkpoint-6 away)
@@ -215,7 +215,7 @@ def test_merged_model_loads_in_plain_transformers_and_differs_from_the_base_by_t
 # ---- merge refusals (fast: nothing is loaded) -----------------------------------------------------------------------
 def _finished_run(tmp_path, adapter: dict | None):
     """A run folder as the launcher leaves it, with the identity it records and, for an adapter, PEFT's config."""
-    from launch import outdir
+    from launch.results import outdir
 
     out = tmp_path / "run"
     claim = outdir.claim(outdir.check(out, resume=False, overwrite=False), command="earlier run",

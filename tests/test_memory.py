@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from helpers import memory_measure
-from launch import calibration
+from launch.facts import calibration
 from launch.memory import constants, terms
-from launch.training_args import checkpointing
-from launch.layout import Layout
+from launch.config.training_args import checkpointing
+from launch.config.layout import Layout
 from launch.memory import Architecture, RunShape, estimate, fits, format_table, longest_length
 
 REPO = Path(__file__).resolve().parent.parent
@@ -139,7 +139,7 @@ def peft_qlora_run() -> RunShape:
     per-device batch 2, gradient accumulation 2, reentrant gradient checkpointing, FlashAttention 2, LoRA r 8 /
     alpha 16 / dropout 0.1 on all linear layers, 4-bit NF4 with double quantization, quant storage bf16. The script
     (peft examples/sft/train.py) used TRL's SFTTrainer of its time: the model's own loss on full logits."""
-    from launch.adapter import Adapter
+    from launch.config.adapter import Adapter
 
     adapter = Adapter.from_training({"use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.1,
                                      "lora_target_modules": ["all-linear"], "load_in_4bit": True,
@@ -238,7 +238,8 @@ def test_calibration_against_published_measurements():
             assert r["bound"] == "at least" and r["predicted"] >= r["published"], r
 
 
-# GPU-MEASURED.md's rows with their memory (launch.calibration.MEASURED_ROWS, with their source: one H100 80GB HBM3,
+# GPU-MEASURED.md's rows with their memory (launch.facts.calibration.MEASURED_ROWS, with their source: one H100 80GB
+# HBM3,
 # 2026-11-27, torch 2.11.0+cu130), each planned as it ran (`throughput_model.row_run`: its batch layout, Liger,
 # checkpointing and load dtype). The ddp rows ran the recipe as it then was: the model loaded in bf16 under DDP, pure
 # bf16 (issue 34); the planner is checked against them at that precision.
@@ -251,7 +252,7 @@ def test_gpu_measured_rows_within_5_percent(row):
     """The planner's peak allocated memory for each GPU-MEASURED row, at the precision the row ran with, within 5%
     (issue 34: the rows whose precision did not change). The ddp rows were pure bf16; the recipe now loads fp32 and
     its plan grows by the 8 bytes per parameter of the fp32 weights, gradients and Adam states (not yet measured)."""
-    from launch import throughput_model
+    from launch.speed import model as throughput_model
 
     arch, run = throughput_model.row_run(row)
     plan = estimate(arch, run)
@@ -448,8 +449,9 @@ def test_fsdp_accumulation_without_sync_keeps_whole_gradients():
 
 
 def test_precision_per_strategy():
-    """launch.precision's reading, per strategy (bytes per trainable parameter: weight + gradient + master + Adam)."""
-    from launch.precision import MASTER_DEEPSPEED, MASTER_FSDP1, MASTER_FSDP2, MASTER_PARAMETERS, Precision
+    """launch.config.precision's reading, per strategy (bytes per trainable parameter: weight + gradient + master +
+    Adam)."""
+    from launch.config.precision import MASTER_DEEPSPEED, MASTER_FSDP1, MASTER_FSDP2, MASTER_PARAMETERS, Precision
 
     def read(p: Precision) -> tuple:
         return p.trainable_dtype, p.master, p.bytes_per_param, p.reduce_dtype
@@ -593,7 +595,7 @@ def test_offloaded_activations_use_power_of_two_pinned_blocks():
 
 
 def test_overhead_terms_context_nccl_and_reserve():
-    """The overhead on top of the allocated peak comes from launch/calibration.py: the CUDA context and workspaces
+    """The overhead on top of the allocated peak comes from launch/facts/calibration.py: the CUDA context and workspaces
     measured on an H100 (1.30 GiB), NCCL's stated 0.5 GiB per communicator, and the allocator's reserve per strategy
     (measured for DDP and FSDP2 without expandable segments; the published 2% bound elsewhere)."""
     one = estimate(TOY, toy_run(world_size=1, mesh=mesh()))
@@ -614,11 +616,11 @@ def test_overhead_terms_context_nccl_and_reserve():
 
 
 def test_device_memory_against_the_measured_h100_rows():
-    """GPU-measured calibration (launch/calibration.py): the device memory in use the driver reported on one H100
+    """GPU-measured calibration (launch/facts/calibration.py): the device memory in use the driver reported on one H100
     (H100_2026_11_27) is reserved + 1.30 GiB, and reserved / allocated is 1.03-1.05 under DDP, 1.09-1.12 under FSDP2.
     With the planner's own allocated peak, its device figure must lie within 5% of each measured row's (the rows'
     peak allocated, reserved and device in use: `MeasuredRow.memory_gib`)."""
-    from launch import throughput_model
+    from launch.speed import model as throughput_model
 
     lines = []
     for row in calibration.MEASURED_ROWS:
@@ -715,7 +717,7 @@ def test_loading_reads_a_whole_copy_per_process_unless_cpu_ram_efficient():
 
 # ---- Adapters (issue 26): LoRA and QLoRA -------------------------------------------------------------------------
 def lora(**training):
-    from launch.adapter import Adapter
+    from launch.config.adapter import Adapter
 
     return Adapter.from_training({"use_peft": True, "lora_target_modules": ["all-linear"], **training})
 
@@ -801,7 +803,8 @@ def test_qlora_base_is_four_bit_with_its_absmax_and_fsdp_shards_it_only_in_a_flo
 
 
 def test_from_configs_reads_the_adapter_once_from_the_training_arguments():
-    """RunShape.adapter is launch.adapter's reading of the TRL fields (the one place); qlora-fsdp's QLoRA as written."""
+    """RunShape.adapter is launch.config.adapter's reading of the TRL fields (the one place); qlora-fsdp's QLoRA as
+    written."""
     cfg = yaml.safe_load((REPO / "recipes" / "qlora-fsdp" / "config.yaml").read_text())
     acc = yaml.safe_load((REPO / "recipes" / "qlora-fsdp" / cfg["accelerate_config"]).read_text()
                          if (REPO / "recipes" / "qlora-fsdp" / cfg["accelerate_config"]).is_file()
@@ -938,7 +941,7 @@ def load_recipe(name: str) -> dict:
 
 def recipe_run(name: str) -> tuple[Architecture, RunShape]:
     """The recipe's GPU defaults as the memory model reads them: its layout built by `Layout.from_configs` (the mesh
-    by `launch.layout.mesh_from`, through Accelerate's ParallelismConfig), the rest off its two configs."""
+    by `launch.config.layout.mesh_from`, through Accelerate's ParallelismConfig), the rest off its two configs."""
     r = load_recipe(name)
     return ARCH[r["training"]["model_name_or_path"]], RunShape.from_configs(r["accelerate"], r["training"])
 
@@ -1034,7 +1037,7 @@ def test_recipes_on_80gb():
     for name in RECIPES:
         arch, run = recipe_run(name)
         env = yaml.safe_load((REPO / "recipes" / name / "config.yaml").read_text()).get("env") or {}
-        from launch.memory_plan import expandable_segments
+        from launch.memory.plan import expandable_segments
 
         run = replace(run, expandable_segments=expandable_segments(env, {}))
         est = estimate(arch, run)
@@ -1109,7 +1112,7 @@ def test_large_transients_without_expandable_segments_get_a_note():
     expandable segments gets a note saying so. Every shipped recipe that has such a transient sets them (the note
     appears only once the setting is taken away); the CPU path never gets the note."""
     from launch.memory.estimate import LARGE_TRANSIENT_GIB, LARGE_TRANSIENT_SHARE
-    from launch.memory_plan import expandable_segments
+    from launch.memory.plan import expandable_segments
 
     assert expandable_segments({}, {"PYTORCH_CUDA_ALLOC_CONF":
                                     "garbage_collection_threshold:0.6,expandable_segments:True"})

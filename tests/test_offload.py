@@ -2,7 +2,8 @@
 alst-ulysses-8gpu and the ring-cp recipes use with ZeRO-3 / FSDP2, and its CPU enablement
 (launch/cpu/pinned_offload.py).
 
-What makes it safe with ZeRO-3, where TRL's `activation_offloading` is not (launch/rules.py): the saved-tensor hook
+What makes it safe with ZeRO-3, where TRL's `activation_offloading` is not (launch/checks/rules.py): the saved-tensor
+hook
 wraps each checkpointed decoder layer's call only, so it receives that layer's input hidden states and nothing else;
 no parameter (under ZeRO-3 a parameter carrying DeepSpeed's `ds_status`) ever passes through it. The distributed
 check (ZeRO-3 + Ulysses SP + TiledMLP, offload on vs off) is in tests/test_sp_parity.py.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from launch import smoke
+from launch.config import smoke
 
 
 def _model():

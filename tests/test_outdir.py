@@ -1,4 +1,5 @@
-"""The output folder is the run's, and only the run's (launch/outdir.py): a lock held by a live launcher refuses a
+"""The output folder is the run's, and only the run's (launch/results/outdir.py): a lock held by a live launcher
+refuses a
 second one (a real second process here), a dead holder's lock is taken over, --overwrite deletes only what earlier
 runs created, and the manifest records what a run created."""
 
@@ -12,14 +13,14 @@ import time
 import pytest
 
 from helpers.launcher import REPO, explain, launch_in_process
-from launch import outdir
+from launch.results import outdir
 from launch.errors import LaunchError
-from launch.outdir import RunFolder
+from launch.results.outdir import RunFolder
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from launch import outdir
+from launch.results import outdir
 claim = outdir.claim(outdir.check(Path(sys.argv[1]), resume=False, overwrite=False), command="holder (a test)")
 print("holding", flush=True)
 time.sleep(120)

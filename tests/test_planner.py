@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from launch.__main__ import main
-from launch.readme_blocks import MODEL_CONFIGS
+from launch.catalog.blocks import MODEL_CONFIGS
 
 QWEN3_8B = MODEL_CONFIGS / "Qwen--Qwen3-8B"
 LLAMA_8B = MODEL_CONFIGS / "meta-llama--Llama-3.1-8B-Instruct"
@@ -82,7 +82,7 @@ def test_offline_without_the_config_says_which_file_and_how_in_one_line(capsys):
 def test_offline_fresh_clone_plans_from_the_shipped_model_config(capsys):
     """The README's first planner command, offline with an empty hub cache: the recipe's model config is the copy
     docs/model_configs/ ships (it used to fail like the test above)."""
-    from launch import hub
+    from launch.facts import hub
 
     hub.read_model_config.cache_clear()
     model = hub.read_model_config("Qwen/Qwen3-8B")

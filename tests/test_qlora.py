@@ -1,6 +1,6 @@
 """QLoRA (recipes/qlora-fsdp): a 4-bit NF4 base (bitsandbytes) with LoRA adapters under FSDP1, checked on CPU.
 
-bitsandbytes 0.50's 4-bit path trains on CPU (launch/adapter.py `quantization_on_cpu_supported`), so the recipe's
+bitsandbytes 0.50's 4-bit path trains on CPU (launch/config/adapter.py `quantization_on_cpu_supported`), so the recipe's
 smoke profile runs there: 2 processes, FSDP1 over gloo (launch/cpu/fsdp.py), bf16 (TRL casts a quantized model's
 adapters to bf16). The judged run itself is tests/test_smoke_recipes.py's; here:
 - its config, rules and plan on the GPU profile (fast);
@@ -21,8 +21,8 @@ import pytest
 
 from helpers.launcher import REPO, explain, free_port, launch_in_process, test_env
 from launch.cpu.fsdp import FSDP1_LINE
-from launch.options import Options
-from launch.resolve import resolve
+from launch.config.options import Options
+from launch.run.resolve import resolve
 
 
 # ---- fast: config, rules and plan ------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ def test_smoke_run_is_fsdp1_and_saves_a_trained_adapter(smoke_runs):
     assert len(tensors) == 28 and all(".lora_A." in k or ".lora_B." in k for k in tensors), sorted(tensors)
     # lora_B starts at zero: every one moved, so the adapter is the trained one
     assert all(float(t.float().abs().max()) > 0 for k, t in tensors.items() if ".lora_B." in k)
-    # The adapter's dtype is the one launch.precision reads for this run (and the memory model counts): the CPU
+    # The adapter's dtype is the one launch.config.precision reads for this run (and the memory model counts): the CPU
     # profile has no mixed precision, so TRL's bf16 cast of a quantized model's adapter stands; on a GPU (bf16)
     # Accelerate upcasts FSDP1's trainable flat parameters to fp32 (tests/test_bf16.py runs that on CPU)
     precision = resolve(Options(recipe="qlora-fsdp", smoke=True, cpu=True)).precision
@@ -77,7 +77,7 @@ import json, os, sys
 import torch, torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 from peft import LoraConfig, get_peft_model
-from launch import smoke
+from launch.config import smoke
 
 distributed = "RANK" in os.environ
 if distributed:

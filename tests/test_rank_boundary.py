@@ -40,6 +40,6 @@ def test_the_rank_side_imports_nothing_of_the_launcher(path):
 def test_the_check_sees_an_import_of_the_launcher(tmp_path):
     """The check can fail: a rank-side file importing the launcher's runner is caught, whatever the import's form."""
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from launch import runner\n    import launch.outdir\n"
+    bad.write_text("def f():\n    from launch.run import runner\n    import launch.results.outdir\n"
                    "    from launch.rank import monitor\n")
-    assert launch_imports(bad) == {"launch.runner", "launch.outdir", "launch.rank"}
+    assert launch_imports(bad) == {"launch.run", "launch.results.outdir", "launch.rank"}

@@ -4,7 +4,7 @@ directory, and for a recipe folder copied outside the repository.
 The checkout under test is a copy of this one in a temporary folder (the files git would track: this working tree,
 uncommitted edits included), never installed. The venv the tests run in has another checkout installed in editable
 mode (this one in CI, or another), which a plain `import launch` finds: the trap the launcher must not fall into
-(`launch.command.code_env`). A marker added to the copy's `launch/rank/monitor.py` (imported by every rank of a
+(`launch.run.command.code_env`). A marker added to the copy's `launch/rank/monitor.py` (imported by every rank of a
 launcher run) prints the file each process imported, so each test sees which `launch` its ranks ran. Where the
 checkout is installed itself, every other launcher test covers it.
 

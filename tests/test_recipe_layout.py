@@ -15,11 +15,13 @@ from accelerate.commands.config.config_args import ClusterConfig
 from helpers.launcher import explain, launch_in_process, shows
 from helpers.rule_checks import facts, make_recipe
 from launch.results.expected import read_expected
-from launch import copies, readme_blocks, rules, sections, train_template
-from launch.catalog import recipe_rows
-from launch.options import Options
-from launch.recipes import RECIPE_FILES, RECIPES_DIR, find_recipe, recipe_names
-from launch.resolve import resolve
+from launch.catalog import blocks as readme_blocks
+from launch.checks import rules
+from launch.recipe import copies, sections, template as train_template
+from launch.catalog.table import recipe_rows
+from launch.config.options import Options
+from launch.recipe.discovery import RECIPE_FILES, RECIPES_DIR, find_recipe, recipe_names
+from launch.run.resolve import resolve
 
 RECIPES = recipe_names()
 ACCELERATE_CONFIGS = sorted((RECIPES_DIR.parent / "accelerate_configs").glob("*.yaml"))
@@ -72,7 +74,7 @@ def test_recipe_config_loads_in_trl(name):
 
 def test_the_parser_holds_trls_sft_classes_and_the_recipes_own():
     """The classes of TRL's trl/scripts/sft.py (a `datasets:` mixture is DatasetMixtureConfig's), then
-    RecipeArguments; the launcher merges the training arguments with this same parser (launch.training_args)."""
+    RecipeArguments; the launcher merges the training arguments with this same parser (launch.config.training_args)."""
     from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, SFTConfig
     from trl.scripts.sft import make_parser as trl_make_parser
 
@@ -127,7 +129,7 @@ def test_drift_names_the_file_and_the_first_differing_line(tmp_path):
 
 # ---- the template's optional sections ------------------------------------------------------------------------------
 def test_each_section_of_the_template_is_turned_on_by_a_config():
-    """launch.sections says what turns on every section the template marks, and marks no other."""
+    """launch.recipe.sections says what turns on every section the template marks, and marks no other."""
     parts = train_template.parts()
     assert parts.names == sections.SECTION_NAMES
     assert all(parts.functions[name] for name in parts.names)  # how a fork's sections are found
@@ -250,9 +252,9 @@ def test_expected_metrics_are_as_the_record_command_writes_them(name):
     """expected_metrics.json's per-step metrics change only through `python -m launch record`: every smoke profile
     carries the environment and invocation it was recorded with, and bounds derived from its own losses (a
     hand-edited loss list would no longer match its bounds). A GPU profile may hold only a first-loss band, which
-    says where it comes from (launch.sentinel)."""
+    says where it comes from (launch.results.sentinel)."""
     from launch.results.expected import TOLERANCE, bounds_for
-    from launch.sentinel import band_problems
+    from launch.results.sentinel import band_problems
     from launch.results.stepdiff import METRICS
 
     data = read_expected(find_recipe(name).expected_metrics_path)

@@ -9,14 +9,15 @@ import yaml
 
 from helpers.launcher import TESTED_RULES, explain, launch_cli, launch_in_process, shows
 from helpers.rule_checks import PINNED, facts, make_recipe, messages
-from launch import hub, rules
-from launch.copies import sync_script
+from launch.checks import rules
+from launch.facts import hub
+from launch.recipe.copies import sync_script
 from launch.errors import LaunchError
-from launch.memory_plan import Target, plan_memory
-from launch.readme_blocks import MODEL_CONFIGS
-from launch.recipes import find_recipe
-from launch.options import Options
-from launch.resolve import resolve
+from launch.memory.plan import Target, plan_memory
+from launch.catalog.blocks import MODEL_CONFIGS
+from launch.recipe.discovery import find_recipe
+from launch.config.options import Options
+from launch.run.resolve import resolve
 
 def test_real_recipes_pass_every_rule_on_a_machine_with_8_gpus():
     for name in ("ddp", "zero1", "zero2", "zero3"):
@@ -38,7 +39,7 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
 
 
 def test_unknown_config_key_suggests_the_field(tmp_path):
-    """Unknown keys are found by the recipe's own TrlParser (launch.training_args), before any rule runs."""
+    """Unknown keys are found by the recipe's own TrlParser (launch.config.training_args), before any rule runs."""
     with pytest.raises(LaunchError) as e:
         resolve(Options(recipe=str(make_recipe(tmp_path, config={"learning_rat": 1e-5}))))
     msg = str(e.value)
@@ -206,7 +207,7 @@ def test_shipped_recipes_name_checkpointing_as_transformers_does_now():
     """transformers 5.23 warns (FutureWarning, in every rank) when a run reaches it through the deprecated
     `gradient_checkpointing*`; the shipped configs use `activation_checkpointing*`, so a first run prints no such
     warning."""
-    from launch.recipes import recipe_names
+    from launch.recipe.discovery import recipe_names
 
     for name in recipe_names():
         config = yaml.safe_load(find_recipe(name).config_path.read_text())
@@ -339,7 +340,7 @@ def test_sp_needs_zero_stage_1_to_3(tmp_path):
 
 @shows(rules.tiled_mlp_needs_deepspeed)
 def test_tiled_mlp_needs_deepspeed(tmp_path):
-    from launch import copies
+    from launch.recipe import copies
 
     folder = make_recipe(tmp_path, base="ddp", config={"tiled_mlp": True})
     copies.sync_script(folder / "train.py", out=lambda *_: None)  # its copy now holds the tiled-MLP section
@@ -592,7 +593,7 @@ def test_qlora_on_cpu_asks_the_one_answer(tmp_path, monkeypatch):
 
 def test_merge_problems_read_the_recorded_adapter():
     """`launch merge` asks rules.merge_problems before loading anything (one function, shared with its tests)."""
-    from launch.adapter import Adapter
+    from launch.config.adapter import Adapter
 
     [msg] = rules.merge_problems({"adapter": None})
     assert "trained the whole model" in msg and "nothing to merge" in msg
@@ -647,7 +648,7 @@ def test_an_fsdp_state_dict_type_that_writes_no_weights_is_refused(tmp_path):
     assert msg.startswith("fsdp_state_dict_type LOCAL_STATE_DICT in ") and "no weights in final/" in msg
     assert "Use SHARDED_STATE_DICT" in msg
     # a name Accelerate does not know is refused earlier, with the Accelerate config's other enum values (issue 36:
-    # launch.accelerate_config.ENUMS), while the recipe resolves
+    # launch.config.accelerate_config.ENUMS), while the recipe resolves
     with pytest.raises(LaunchError, match=r"'SHARDED' is not a valid FSDP_STATE_DICT_TYPE; expected one of "):
         check("typo", fsdp_state_dict_type="SHARDED")
     for name, value in (("sharded", "sharded_state_dict"), ("number", 3), ("absent", None)):
@@ -702,7 +703,7 @@ def _lacking(*packages, **kw):
 
 def _pin(name: str) -> str:
     """The version requirements/pins.txt chooses (the locks the messages read agree with it: `doctor` checks)."""
-    from launch.pins import read_pins
+    from launch.facts.pins import read_pins
 
     return read_pins()[name]
 
@@ -733,7 +734,7 @@ def test_liger_without_liger_kernel_is_refused_and_the_cpu_profile_says_it_turns
 
 @shows(rules.trackio_installed)
 def test_trackio_named_without_trackio_is_refused_and_report_to_none_tracks_nothing():
-    from launch import tracking
+    from launch.run import tracking
 
     setup = resolve(Options(recipe="ddp"))
     msg = rules.trackio_installed(setup, _lacking("trackio"))
@@ -762,7 +763,7 @@ def test_a_quantized_base_needs_bitsandbytes_and_its_cuda_library(monkeypatch):
     assert f"bitsandbytes {_pin('bitsandbytes')}, and {broken}: every rank would stop" in msg
     assert f"`pip install --force-reinstall bitsandbytes=={_pin('bitsandbytes')}`" in msg
     assert rules.bitsandbytes_usable(qlora, facts(gpu_count=0)) is None  # no GPU here: enough_gpus says so
-    # on CPU the CPU rule decides (launch.adapter.quantization_on_cpu_supported)
+    # on CPU the CPU rule decides (launch.config.adapter.quantization_on_cpu_supported)
     assert rules.bitsandbytes_usable(resolve(Options(recipe="qlora-fsdp", smoke=True, cpu=True),
                                              progress=lambda *_: None), _lacking("bitsandbytes")) is None
     monkeypatch.setattr(rules, "bitsandbytes_cuda_problem", lambda: None)

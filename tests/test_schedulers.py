@@ -3,7 +3,7 @@
 Each file is checked by its scheduler's own definition of it: the SkyPilot task by SkyPilot's task schema (vendored
 from its package: launch/skypilot/refresh-schema.sh says why and how), the TrainJob by the Kubeflow Trainer API's
 models (kubeflow-trainer-api, in the CPU lock). The launcher's side: each scheduler's variables give the multi-node
-options (`launch.envvars.rendezvous`), here in-process; tests/test_multinode.py trains across two launchers on
+options (`launch.config.envvars.rendezvous`), here in-process; tests/test_multinode.py trains across two launchers on
 loopback that are given nothing else.
 """
 
@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from helpers.launcher import REPO, explain, launch_in_process
-from launch import envvars
+from launch.config import envvars
 from launch.errors import LaunchError
 
 SKYPILOT_TASK = REPO / "launch" / "skypilot" / "recipe.yaml"
@@ -69,7 +69,8 @@ def test_skypilot_task_is_valid_for_skypilot():
 
 
 def test_skypilot_task_passes_every_skypilot_variable_the_launcher_reads():
-    """The task runs our image with `docker run`: each SkyPilot variable launch.envvars reads must cross into it."""
+    """The task runs our image with `docker run`: each SkyPilot variable launch.config.envvars reads must cross into
+    it."""
     run = yaml.safe_load(SKYPILOT_TASK.read_text())["run"]
     for name in envvars.SCHEDULERS["SkyPilot"].values():
         assert f"-e {name}" in run, f"{name} is not passed into the container"

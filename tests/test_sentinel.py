@@ -1,4 +1,4 @@
-"""The first-steps loss sentinel (launch/sentinel.py): the band's schema, what the launcher hands the ranks, the
+"""The first-steps loss sentinel (launch/results/sentinel.py): the band's schema, what the launcher hands the ranks, the
 callback's checks, and two real CPU runs through `python -m launch` with a band recorded from the right setup: a run
 broken on purpose (the model's RoPE changed, the trap of TRL PR #6846) stops after its first logged step on every
 rank with the message, and the right setup passes.
@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import pytest
 
 from helpers.launcher import launch_in_process
-from launch import sentinel
+from launch.results import sentinel
 from launch.rank import sentinel as rank_sentinel
-from launch.recipes import RECIPES_DIR
+from launch.recipe.discovery import RECIPES_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -79,7 +79,7 @@ YARN = {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000, "factor"
 
 
 def _config(folder):
-    from launch import hub
+    from launch.facts import hub
 
     return hub.read_model_config(str(folder)).config
 
@@ -99,7 +99,7 @@ def test_the_band_is_keyed_by_what_the_run_is_not_by_the_models_path(tmp_path):
     assert sentinel.mismatch(band, {"max_length": 1048576}, _config(copy)) == []
     other = json.loads((copy / "config.json").read_text())
     (copy / "config.json").write_text(json.dumps({**other, "num_hidden_layers": 28, "rope_theta": 10000}))
-    from launch import hub
+    from launch.facts import hub
 
     hub.read_model_config.cache_clear()
     differences = sentinel.mismatch(band, {"max_length": 1048576}, _config(copy))
@@ -111,14 +111,14 @@ def test_the_band_is_keyed_by_what_the_run_is_not_by_the_models_path(tmp_path):
 
 
 def test_the_layout_can_key_a_band():
-    from launch.layout import Layout
+    from launch.config.layout import Layout
 
     band = {**GOOD, "recorded_with": {"layout": {"world_size": 8}}}
     layout = SimpleNamespace(world_size=8, mesh={"cp": 8})
     assert sentinel.mismatch(band, {}, None, layout) == []
     assert sentinel.mismatch(band, {}, None, SimpleNamespace(world_size=4, mesh={"cp": 4})) == [
         "layout: recorded with {'world_size': 8}, this run has {'world_size': 4, 'mesh': {'cp': 4}}"]
-    assert Layout  # the real layout has these attributes (launch.layout)
+    assert Layout  # the real layout has these attributes (launch.config.layout)
 
 
 @pytest.mark.parametrize("shape", [
@@ -131,7 +131,7 @@ def test_a_random_model_starts_inside_the_random_init_band(shape):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from launch import smoke
+    from launch.config import smoke
 
     base = AutoConfig.from_pretrained(smoke.ensure_smoke_assets(progress=lambda *_: None)["model"])
     config = base.__class__(**{**base.to_dict(), **shape})
@@ -213,7 +213,7 @@ def _chat_batch(tokenizer, n: int | None = None):
     """The smoke training chats as one padded batch: (input_ids, labels), padding masked out of the labels."""
     import torch
 
-    from launch import smoke
+    from launch.config import smoke
 
     rows = [json.loads(line) for line in open(Path(smoke.data_dir()) / "train.jsonl")][:n]
     ids = [tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"] for r in rows]
@@ -242,7 +242,7 @@ def trained(tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from launch import smoke
+    from launch.config import smoke
 
     assets = smoke.ensure_smoke_assets(progress=lambda *_: None)
     tokenizer = AutoTokenizer.from_pretrained(assets["model"])
@@ -270,7 +270,7 @@ def trained(tmp_path_factory):
 
 def _run(tmp_path, trained, *training_args, max_steps=3):
     """A copy of the ddp recipe whose expected_metrics.json holds the band for its smoke-cpu profile, run through the
-    launcher (in-process), which reads the band and hands it to the ranks (launch.runner.loss_sentinel)."""
+    launcher (in-process), which reads the band and hands it to the ranks (launch.run.runner.loss_sentinel)."""
     folder, band, _, _ = trained
     recipe = tmp_path / "ddp-with-band"
     shutil.copytree(RECIPES_DIR / "ddp", recipe)

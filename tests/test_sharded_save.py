@@ -28,12 +28,12 @@ import torch
 import yaml
 
 from helpers.launcher import explain, launch_in_process
-from launch.copies import sync_script
-from launch.outdir import RunFolder
-from launch.readme_blocks import MODEL_CONFIGS
+from launch.recipe.copies import sync_script
+from launch.results.outdir import RunFolder
+from launch.catalog.blocks import MODEL_CONFIGS
 from launch.rank import consolidate
-from launch.recipes import RECIPES_DIR, find_recipe
-from launch.train_template import TEMPLATE
+from launch.recipe.discovery import RECIPES_DIR, find_recipe
+from launch.recipe.template import TEMPLATE
 
 # DCP in one process says it assumes one process, which it is
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -9,7 +9,7 @@ import pytest
 
 from helpers.launcher import assert_parity, explain, launch_in_process
 from launch.results.expected import read_expected
-from launch.recipes import RECIPES_DIR, find_recipe, recipe_names
+from launch.recipe.discovery import RECIPES_DIR, find_recipe, recipe_names
 
 pytestmark = pytest.mark.slow
 
@@ -72,8 +72,8 @@ def test_a_miss_is_reported_and_exits_nonzero(smoke_runs, capsys, monkeypatch):
     """The judge can fail: the ddp smoke run's real metrics against expected losses that are off by 1% are a miss
     (judged in-process, through the launcher's own judge, on the run the smoke test made)."""
     from launch.results import judge
-    from launch.options import Options
-    from launch.resolve import resolve
+    from launch.config.options import Options
+    from launch.run.resolve import resolve
 
     proc, summary = smoke_runs.run("ddp")
     assert proc.returncode == 0, explain(proc)

@@ -105,8 +105,8 @@ def test_a_measurement_saves_nothing_unless_asked(option, tmp_path, capsys):
     summary under `saves`. --save-steps asks for both, `-- --save_strategy steps` / `-- --save_final true` for one.
     (The bytes such a run leaves are counted on check.py's runs, tests/test_gpu_check.py.)"""
     from launch.__main__ import main
-    from launch.options import Options
-    from launch.resolve import resolve
+    from launch.config.options import Options
+    from launch.run.resolve import resolve
 
     def setup(**kw):
         return resolve(Options(recipe="zero3", **{option: True}, **kw), progress=lambda *_: None)

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from launch.adapter import Adapter
-from launch.layout import Layout
+from launch.config.adapter import Adapter
+from launch.config.layout import Layout
 from launch.memory import Architecture, RunShape, estimate
 from launch.memory import trace as tracing
 
@@ -119,7 +119,7 @@ def test_plan_trace_prints_both_peaks_and_their_ratio(tmp_path, capsys):
 @pytest.mark.slow
 def test_ddp_recipe_gpu_default_full_size():
     """The ddp recipe's GPU default (Qwen3-0.6B, 8 processes, 4 x 2,048 tokens), full size: ~30 s on 2 cores."""
-    from launch.readme_blocks import MODEL_CONFIGS
+    from launch.catalog.blocks import MODEL_CONFIGS
 
     config = json.loads((MODEL_CONFIGS / "Qwen--Qwen3-0.6B" / "config.json").read_text())
     run = RunShape(layout("ddp", 8, 2048, 4), attn_implementation="sdpa")

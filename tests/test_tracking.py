@@ -1,4 +1,4 @@
-"""launch/tracking.py: the dashboard command a run prints is the one that opens its own trackio store, and trackio's
+"""launch/run/tracking.py: the dashboard command a run prints is the one that opens its own trackio store, and trackio's
 own hint (which names no store) stays out of the ranks' output."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import shlex
 
 import pytest
 
-from launch import tracking
+from launch.run import tracking
 from launch.rank import monitor
-from launch.options import Options
-from launch.resolve import resolve
+from launch.config.options import Options
+from launch.run.resolve import resolve
 
 
 def test_the_dashboard_command_names_the_runs_store(tmp_path):

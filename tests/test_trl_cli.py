@@ -1,7 +1,8 @@
 """TRL's own CLI runs the recipes' configs: `trl sft --config recipes/NAME/config.yaml` turns the config's
 `accelerate_config:` key into `accelerate launch --config_file` and runs TRL's trl/scripts/sft.py (no launcher
 checks, no tiled_mlp or other RecipeArguments). On CPU, with the smoke profile's arguments (built from
-launch.profiles, the launcher's own source of them) and two processes, its per-step losses must equal our launcher's
+launch.config.profiles, the launcher's own source of them) and two processes, its per-step losses must equal our
+launcher's
 run of the same recipe. TRL's sft.py keeps no trainer_state.json at the end, so the losses are read back from the
 trackio store the config reports to. The other way round, our train.py parses what sft.py parses, a `datasets:`
 mixture (TRL's DatasetMixtureConfig) included.
@@ -19,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from helpers.launcher import REPO, explain, free_port, test_env
-from launch import profiles
-from launch.recipes import find_recipe
+from launch.config import profiles
+from launch.recipe.discovery import find_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +72,7 @@ def test_a_datasets_mixture_in_a_copied_recipe_runs_on_cpu(tmp_path, smoke_runs)
     import yaml
 
     from helpers.launcher import launch_in_process
-    from launch import smoke
+    from launch.config import smoke
 
     folder = tmp_path / "mixed"
     shutil.copytree(REPO / "recipes" / "ddp", folder)

@@ -12,7 +12,7 @@ import sys
 import textwrap
 
 from helpers.launcher import REPO, explain, test_env
-from launch.outdir import RunFolder
+from launch.results.outdir import RunFolder
 
 # `python -m launch ddp --smoke --cpu --dry-run`, run as Python runs it (runpy), then what it imported: a fresh
 # process, since the test process may have imported bitsandbytes already

@@ -1,4 +1,5 @@
-"""launch/upstream_warnings.py: the ranks' PYTHONWARNINGS silences exactly torch's deprecation of the two collectives
+"""launch/run/upstream_warnings.py: the ranks' PYTHONWARNINGS silences exactly torch's deprecation of the two
+collectives
 DeepSpeed and Accelerate call, and nothing else."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import sys
 import textwrap
 
 from helpers.common import free_port
-from launch import upstream_warnings
+from launch.run import upstream_warnings
 
 # The deprecated collectives called as DeepSpeed's TorchBackend calls them, in a one-process gloo job, with Python's
 # warning memory reset between the calls as the Trainer's per-step code does; then a FutureWarning of another text.
@@ -59,12 +60,13 @@ def test_the_users_own_pythonwarnings_are_kept_and_win():
 
 
 def test_the_launcher_passes_them_to_the_ranks_and_names_deepspeeds_accelerator_on_cpu(tmp_path, monkeypatch):
-    """child_env: the filters above, and on CPU DS_ACCELERATOR=cpu (launch.profiles.CPU_ENV), with which DeepSpeed
+    """child_env: the filters above, and on CPU DS_ACCELERATOR=cpu (launch.config.profiles.CPU_ENV), with which
+    DeepSpeed
     picks the accelerator its detection would pick without its 'Setting accelerator to CPU' warning in every
     process."""
-    from launch import runner
-    from launch.options import Options
-    from launch.resolve import resolve
+    from launch.run import runner
+    from launch.config.options import Options
+    from launch.run.resolve import resolve
 
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     monkeypatch.delenv("PYTHONWARNINGS", raising=False)

@@ -58,9 +58,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from launch.memory.architecture import Architecture  # noqa: E402 - a config.json read as the planner reads it
 from launch.rank import run_files  # noqa: E402 - names only (where a run's rank files lie); imports nothing
-from launch.recipes import find_recipe  # noqa: E402 - a recipe's config.yaml (yaml only)
-from launch.supervise import GRACE_SECONDS  # noqa: E402 - how long the launcher lets its ranks stop
-from launch.throughput import flops_params, flops_per_token  # noqa: E402 - the MFU formulas the rows use
+from launch.recipe.discovery import find_recipe  # noqa: E402 - a recipe's config.yaml (yaml only)
+from launch.run.supervise import GRACE_SECONDS  # noqa: E402 - how long the launcher lets its ranks stop
+from launch.speed.measured import flops_params, flops_per_token  # noqa: E402 - the MFU formulas the rows use
 
 CONFIGS = REPO / "docs" / "model_configs"
 RESULTS = REPO / "benchmarks" / "results"
@@ -99,7 +99,8 @@ class Row:
         return " ".join([self.recipe, *self.options] + ([f"({self.variant})"] if self.variant else []))
 
 
-# The speed settings the rows of launch/calibration.py were measured with (/work/shared/GPU-MEASURED.md: activation
+# The speed settings the rows of launch/facts/calibration.py were measured with (/work/shared/GPU-MEASURED.md:
+# activation
 # checkpointing on, Liger off, each recipe's batch layout then), which the recipes' GPU defaults no longer use (`plan
 # --fastest` chose others): pinned, so that these rows stay comparable with the measured ones. fsdp2 checkpointed
 # FSDP's way then (an Accelerate setting no training argument reaches); transformers' way here: the same recomputation.
@@ -469,7 +470,7 @@ def model_dir(row: Row, work: Path) -> Path:
 def flops_per_step(row: Row, folder: Path, a) -> float:
     """Training FLOPs of one optimizer step of the row (non-causal, as the MFU column): the tokens of a step
     (per_device_train_batch_size x gradient_accumulation_steps x max_length, from the recipe's config.yaml or --batch)
-    times the FLOPs per token of the model's config.json (launch.throughput)."""
+    times the FLOPs per token of the model's config.json (launch.speed.measured)."""
     config = find_recipe(row.recipe).config
     batch = a.batch or int(config.get("per_device_train_batch_size") or 8)  # TRL's default where a recipe sets none
     tokens = batch * int(config.get("gradient_accumulation_steps") or 1) * row.max_length

@@ -3,12 +3,12 @@ on its `main(argv) -> int`; `launch.__main__` dispatches from `registered()`, wh
 package, so a new command is one new module (TRL's `trl/cli` registers its commands the same way).
 
 Every command has one error convention, applied by `command` itself (so also when a test calls a module's `main`):
-a problem is a `LaunchError` (usage errors too, through `launch.options.Parser`), printed as `error: PARAGRAPH` on
-stderr, exit status 2.
+a problem is a `LaunchError` (usage errors too, through `launch.config.options.Parser`), printed as `error: PARAGRAPH`
+on stderr, exit status 2.
 
-A Ctrl-C in a command that only reads ends it at once with one line (`launch.interrupt`); a command that writes says
+A Ctrl-C in a command that only reads ends it at once with one line (`launch.run.interrupt`); a command that writes says
 so: `@command(NAME, HELP)` gets Python's KeyboardInterrupt (and so its own cleanup) from its start, `@command(NAME,
-HELP, reads_first=True)` only once it calls `launch.interrupt.writing()` (if it ever writes).
+HELP, reads_first=True)` only once it calls `launch.run.interrupt.writing()` (if it ever writes).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from launch.errors import LaunchError
-from launch.recipes import COMMAND_NAMES
+from launch.recipe.discovery import COMMAND_NAMES
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Command:
     name: str  # `python -m launch NAME ...`
     help: str  # one line, for `python -m launch --help`
     main: Callable[[list[str]], int]  # argv after NAME -> exit status
-    reads_first: bool = False  # only reads until it calls launch.interrupt.writing(), if it writes at all
+    reads_first: bool = False  # only reads until it calls launch.run.interrupt.writing(), if it writes at all
 
 
 _REGISTRY: dict[str, Command] = {}
@@ -57,10 +57,11 @@ def guarded(main: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
 
 def command(name: str, help: str, reads_first: bool = False):
     """Register the decorated `main(argv) -> int` as `python -m launch NAME`, under the error convention.
-    `reads_first`: the command writes nothing before it calls `launch.interrupt.writing()`, so that until then a
-    Ctrl-C may end it at once (launch.interrupt); without it, a Ctrl-C raises KeyboardInterrupt from its start."""
+    `reads_first`: the command writes nothing before it calls `launch.run.interrupt.writing()`, so that until then a
+    Ctrl-C may end it at once (launch.run.interrupt); without it, a Ctrl-C raises KeyboardInterrupt from its start."""
     if name not in COMMAND_NAMES:  # a developer's mistake: found at import, by every test
-        raise RuntimeError(f"command `{name}`: launch.recipes.command_names() did not find it in launch/commands/; "
+        raise RuntimeError(f"command `{name}`: launch.recipe.discovery.command_names() did not find it in "
+                           "launch/commands/; "
                            "register it as `@command(\"NAME\", HELP)` on a module-level function, with NAME a literal "
                            "string, so that no recipe folder can be named like it")
 

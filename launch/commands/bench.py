@@ -3,7 +3,8 @@ global sequence length that really trains here.
 
 Starts from the planner's answer for this machine's GPUs, runs a few real steps per try (`--bench`, warm-up + 2
 measured steps) in a fresh launcher process each time, so that an out-of-memory error ends only that try, and
-bisects (`launch.throughput.search_longest`). Prints the table of tries: length, result, step time, peak reserved memory
+bisects (`launch.speed.measured.search_longest`). Prints the table of tries: length, result, step time, peak reserved
+memory
 against the planner's prediction.
 """
 
@@ -17,15 +18,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from launch import interrupt, throughput
-from launch.command import code_env
+from launch.run import interrupt
+from launch.speed import measured as throughput
+from launch.run.command import code_env
 from launch.commands import command
 from launch.errors import LaunchError
-from launch.machine import gpu_info, gpu_memory_gib, host_memory_gib
-from launch.memory_plan import default_target, plan_memory
-from launch.options import Parser, options_from, run_parser, split_extra
-from launch.outdir import RunFolder
-from launch.resolve import resolve
+from launch.facts.machine import gpu_info, gpu_memory_gib, host_memory_gib
+from launch.memory.plan import default_target, plan_memory
+from launch.config.options import Parser, options_from, run_parser, split_extra
+from launch.results.outdir import RunFolder
+from launch.run.resolve import resolve
 
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
 MEASURED_STEPS = 2
@@ -80,7 +82,7 @@ def main(argv: list[str]) -> int:
     print(f"[launch] bench: planner's longest length for {target.gpus_per_node} x {target.gpu_memory_gib:.1f} GiB: "
           f"{start:,} (a multiple of {plan.multiple}); trying from there", flush=True)
 
-    interrupt.writing()  # the tries write run folders: from here a Ctrl-C raises (launch.interrupt)
+    interrupt.writing()  # the tries write run folders: from here a Ctrl-C raises (launch.run.interrupt)
     root = Path(tempfile.mkdtemp(prefix=f"bench-{setup.recipe.name}-"))
     results: dict[int, dict] = {}
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from launch.commands import command
 from launch.errors import LaunchError
-from launch.options import Parser
+from launch.config.options import Parser
 from launch.results.plots import (DEFAULT_OUT, CompareError, read_run, run_label, unique_labels, write_comparison,
-                                   written_by_us)
+                                  written_by_us)
 
 
 @command("compare", "plot and tabulate per-step loss and grad_norm of run folders against the first")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from launch import rules, runner
+from launch.checks import rules
+from launch.run import runner
 from launch.commands import command
-from launch.doctor import DOCTOR_RULES, run_doctor
-from launch.envvars import doctor_at_start
-from launch.options import Options, Parser, add_options, values_from
-from launch.resolve import resolve
+from launch.checks.doctor import DOCTOR_RULES, run_doctor
+from launch.config.envvars import doctor_at_start
+from launch.config.options import Options, Parser, add_options, values_from
+from launch.run.resolve import resolve
 
 
 @command("doctor", "installed versions against the lock, feature floors, GPUs and kernels (for RECIPE, if given)",
@@ -24,7 +25,8 @@ def main(argv: list[str]) -> int:
 
 
 def preflight(setup) -> list[str]:
-    """The problems the run's preflight finds (the rules of launch.rules, as `python -m launch RECIPE` checks them):
+    """The problems the run's preflight finds (the rules of launch.checks.rules, as `python -m launch RECIPE` checks
+    them):
     a layout the run refuses is not `doctor: ok`. Less those run_doctor checks itself (DOCTOR_RULES), and the inputs
     (model and dataset found and loadable): doctor checks a machine, often before the data is there."""
     if setup is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from launch.commands import command, registered, run
-from launch.options import Parser
+from launch.config.options import Parser
 
 
 @command("help", "this overview, or one command's options: help COMMAND", reads_first=True)

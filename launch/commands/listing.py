@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from launch.catalog import recipe_rows
+from launch.catalog.table import recipe_rows
 from launch.commands import command
 from launch.errors import LaunchError
-from launch.options import Parser
-from launch.recipes import refusal, refused_dirs
+from launch.config.options import Parser
+from launch.recipe.discovery import refusal, refused_dirs
 
 
 @command("list", "the recipes: strategy, processes, purpose, CPU-verified, train.py copy/fork",

@@ -15,14 +15,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from launch import interrupt
-from launch.checkpoints import complete, file_problem
+from launch.run import interrupt
+from launch.run.checkpoints import complete, file_problem
 from launch.commands import command
 from launch.errors import LaunchError
-from launch.options import Parser
-from launch.outdir import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, RunFolder, expand, holder_alive, read_lock, read_manifest,
-                           record_entry)
-from launch.rules import merge_problems
+from launch.config.options import Parser
+from launch.results.outdir import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, RunFolder, expand, holder_alive, read_lock,
+                                   read_manifest, record_entry)
+from launch.checks.rules import merge_problems
 
 ADAPTER_WEIGHT_FILES = (ADAPTER_WEIGHTS, "adapter_model.bin")  # PEFT's safetensors file, or its older torch.save one
 TOKENIZER_CONFIG = "tokenizer_config.json"  # what every tokenizer's save_pretrained writes
@@ -57,7 +57,8 @@ def main(argv: list[str]) -> int:
 
 
 def adapter_folder(folder: RunFolder, allow_quantized: bool = False) -> Path:
-    """RUN_DIR/final, checked to hold an adapter that may be merged (launch.rules.merge_problems, on the identity the
+    """RUN_DIR/final, checked to hold an adapter that may be merged (launch.checks.rules.merge_problems, on the
+    identity the
     launcher recorded for the run; a folder of plain `accelerate launch` has none, and only its files are checked), in
     a folder no run is writing to."""
     if not folder.path.is_dir():

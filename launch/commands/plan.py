@@ -1,7 +1,7 @@
 """`python -m launch plan RECIPE`: will the recipe fit a target machine, and how long can its sequences be?
 
 Plans for a *target* machine (GPUs per node, nodes, GPU and host memory), not this one: it runs on a laptop without
-GPUs, resolves the run as a real run would (`launch.resolve`) and asks `launch.memory_plan` for its memory.
+GPUs, resolves the run as a real run would (`launch.run.resolve`) and asks `launch.memory.plan` for its memory.
 
 Exit status: 0 fits, 1 does not fit, 2 invalid input (or the model's config.json cannot be read).
 """
@@ -13,15 +13,16 @@ import dataclasses
 import json
 import math
 
-from launch import fastest
+from launch.speed import fastest
 from launch.commands import command
 from launch.errors import LaunchError
-from launch.hub import model_problem
-from launch.memory_plan import GPU_MEMORY_GIB, Target, describe, plan_memory, trace_plan
-from launch.options import Options, Parser, add_options, split_extra, values_from
-from launch.resolve import resolve
+from launch.facts.hub import model_problem
+from launch.memory.plan import GPU_MEMORY_GIB, Target, describe, plan_memory, trace_plan
+from launch.config.options import Options, Parser, add_options, split_extra, values_from
+from launch.run.resolve import resolve
 
-RUN_OPTIONS = ("recipe", "model", "mesh")  # the run's own options that a plan takes too (launch.options declares them)
+# the run's own options that a plan takes too (launch.config.options declares them)
+RUN_OPTIONS = ("recipe", "model", "mesh")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -87,7 +88,7 @@ def main(argv: list[str]) -> int:
                           **(found.as_json() if found else {})}, indent=2))
         return 0 if plan.fits and (plan.longest or not auto) else 1
     print(plan.layout.describe())  # the run's layout at the planned length (with auto: the length found)
-    print(plan.run.precision.describe())  # what the bytes per parameter come from (launch.precision)
+    print(plan.run.precision.describe())  # what the bytes per parameter come from (launch.config.precision)
     print(describe(plan))
     if traced:
         print(traced[0])

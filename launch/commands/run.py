@@ -1,18 +1,21 @@
 """`python -m launch RECIPE [options] [-- training args]` and `python -m launch record RECIPE --smoke ...`: one
-run from start to verdict (`launch.runner`); `record` writes its per-step metrics as the expected ones."""
+run from start to verdict (`launch.run.runner`); `record` writes its per-step metrics as the expected ones."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 
-from launch import fastest, hub, profiles, runner, throughput
+from launch.config import profiles
+from launch.facts import hub
+from launch.run import runner
+from launch.speed import fastest, measured as throughput
 from launch.commands import command, overview
 from launch.errors import LaunchError
-from launch.machine import gpu_info
-from launch.options import parse_run
-from launch.recipes import find_recipe
-from launch.resolve import resolve
+from launch.facts.machine import gpu_info
+from launch.config.options import parse_run
+from launch.recipe.discovery import find_recipe
+from launch.run.resolve import resolve
 from launch.results.expected import profile_entry
 
 
@@ -36,9 +39,10 @@ def main(argv: list[str], record: bool = False) -> int:
 
 
 def fastest_setup(options, setup):
-    """--fastest: the fastest speed settings that fit this machine (`launch.fastest`: its GPUs' memory, Liger if it has
+    """--fastest: the fastest speed settings that fit this machine (`launch.speed.fastest`: its GPUs' memory, Liger if
+    it has
     a GPU and liger-kernel), printed, and the run resolved again with them (below what the user gave after `--`).
-    Returns (setup, the search or None). Here rather than in the runner: `launch.fastest` stands on the throughput
+    Returns (setup, the search or None). Here rather than in the runner: `launch.speed.fastest` stands on the throughput
     model, a floor above the runner's other imports."""
     say = runner.say
     gpu_count, names = (0, []) if options.cpu else gpu_info()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch import copies, readme_blocks
+from launch.catalog import blocks as readme_blocks
+from launch.recipe import copies
 from launch.commands import command
 from launch.errors import LaunchError
-from launch.options import Parser
+from launch.config.options import Parser
 
 
 @command("sync-scripts", "copy templates/train.py into every marked recipe and regenerate the README blocks")

@@ -22,7 +22,7 @@ so the state's device becomes `cpu`; and Accelerate gathers a FULL_STATE_DICT wi
 CPU it is already on and then frees its storage (fsdp/_flat_param.py: `flat_param_to(cpu)` then
 `_free_unsharded_flat_param()`), so the save fails ("setStorage: ... out of bounds for storage of size 0"): on CPU
 the move becomes the copy it is on a GPU. (FSDP1's `sync_module_states`, which needs an accelerator, is turned off by
-the CPU profile: launch/profiles.py `cpu_accelerate`.)
+the CPU profile: launch/config/profiles.py `cpu_accelerate`.)
 
 Imported only from `launch.cpu.enable_cpu_path` (and launch.cpu.context_parallel), i.e. only for `use_cpu` runs.
 """

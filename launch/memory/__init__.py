@@ -21,13 +21,13 @@ A training step goes through phases that never overlap in time, so the peak is t
   loss phase holds none and the layer phase the worse of its two ends (`launch/memory/trace.py` measured it).
 
 The terms of the phase that gives the peak are summed (`Term.counted`); the other phase's term is listed for
-information. On top of the allocated peak, the overhead model (the measured parts in launch/calibration.py, with
+information. On top of the allocated peak, the overhead model (the measured parts in launch/facts/calibration.py, with
 their H100 source): CUDA context and workspaces, NCCL buffers and the caching allocator's reserve.
 
-Bytes per parameter follow the run's `Precision` (`RunShape.precision`, launch/precision.py): the dtype of the
+Bytes per parameter follow the run's `Precision` (`RunShape.precision`, launch/config/precision.py): the dtype of the
 trainable parameters, gradients and optimizer states, and where the fp32 masters live, per strategy.
 Sharding follows the run's `Layout`: ZeRO partitions over all ranks but TP, FSDP1/FSDP2 shard over dp_shard x cp
-and replicate across dp_replicate (HSDP). An adapter run (`RunShape.adapter`, launch/adapter.py) trains only the
+and replicate across dp_replicate (HSDP). An adapter run (`RunShape.adapter`, launch/config/adapter.py) trains only the
 adapter: its parameters get gradients and optimizer states, the base is frozen in its dtype or 4-bit
 (`adapters.py`). Host memory per node: offloaded states and checkpoints per process, and the transient whole-model
 copies that loading reads before training.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from launch.memory.architecture import Architecture
 from launch.memory.run_shape import RunShape
-from launch.precision import BYTES
+from launch.config.precision import BYTES
 
 
 def adapter_params(arch: Architecture, run: RunShape) -> int:
@@ -33,7 +33,7 @@ def adapter_params(arch: Architecture, run: RunShape) -> int:
 
 def adapter_dtype_bytes(run: RunShape) -> int:
     """Bytes of an adapter parameter (and of its gradient; Adam's states are `zeros_like` it outside DeepSpeed):
-    `run.precision`'s reading (launch.precision): PEFT's default `autocast_adapter_dtype=True` makes bf16/fp16
+    `run.precision`'s reading (launch.config.precision): PEFT's default `autocast_adapter_dtype=True` makes bf16/fp16
     adapters fp32; TRL 1.16's SFTTrainer keeps them in the base's dtype under DeepSpeed ZeRO-3
     (`autocast_adapter_dtype=False`) and casts a quantized model's adapter to bf16, which the recipes' train.py undoes
     where the adapter trains in FSDP1 units of its own (qlora-fsdp); DeepSpeed's module is 16-bit under bf16."""

@@ -9,8 +9,8 @@ from launch.errors import LaunchError
 
 # The nn.Linear modules of one decoder layer of transformers' Llama-style families (LlamaAttention / Qwen2Attention /
 # Qwen3Attention / MistralAttention: `self_attn.{q,k,v,o}_proj`; LlamaMLP and kin: `mlp.{gate,up,down}_proj`), with
-# their parent module: the layer the memory model describes. `launch.memory_plan` checks a model's real layer
-# (launch.meta_model) against these names before planning it.
+# their parent module: the layer the memory model describes. `launch.memory.plan` checks a model's real layer
+# (launch.facts.meta_model) against these names before planning it.
 LAYER_LINEARS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
                  "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 OUTPUT_LAYER = "lm_head"

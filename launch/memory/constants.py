@@ -9,7 +9,7 @@ GIB = 2**30
 F32 = 4  # bytes of an fp32 element
 
 # ---- the overhead model (device memory outside PyTorch's allocated bytes) ------------------------------------------
-# The GPU-measured parts live in launch/calibration.py with their source: the CUDA context and workspaces
+# The GPU-measured parts live in launch/facts/calibration.py with their source: the CUDA context and workspaces
 # (`CUDA_CONTEXT_GIB`, what the driver sees beyond PyTorch's reserved bytes) and the caching allocator's reserve
 # (`reserved_over_allocated`: reserved / allocated per strategy, fragmentation). Not measured, stated:
 # NCCL_GIB: NCCL's communicator buffers (cudaMalloc'ed by NCCL itself, so also outside PyTorch's accounting) in a

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from launch import calibration
+from launch.facts import calibration
 from launch.memory import adapters
 from launch.memory.architecture import Architecture
 from launch.memory.constants import (CPU_DEEPSPEED_ENGINE_GIB, CPU_RUNTIME_BASELINE_GIB, CPU_TRAINER_RUNTIME_GIB, F32,
@@ -13,10 +13,10 @@ from launch.memory.constants import (CPU_DEEPSPEED_ENGINE_GIB, CPU_RUNTIME_BASEL
 from launch.memory.results import Estimate, Term
 from launch.memory.run_shape import RunShape
 from launch.memory.terms import (autocast_weight_copy_bytes, checkpointed_input_bytes, unsynced_gradient_bytes,
-                                 comm_buffer_bytes, gathered_param_bytes, kernel_length_limits,
-                                 layer_working_set_bytes, loss_bytes, model_state_bytes,
-                                 offloaded_activation_host_bytes, optimizer_step_bytes, stored_activation_bytes,
-                                 gradients_alive_at_loss, nccl_communicators, tied_embedding_backward_bytes)
+                                 comm_buffer_bytes, gathered_param_bytes, kernel_length_limits, layer_working_set_bytes,
+                                 loss_bytes, model_state_bytes, offloaded_activation_host_bytes, optimizer_step_bytes,
+                                 stored_activation_bytes, gradients_alive_at_loss, nccl_communicators,
+                                 tied_embedding_backward_bytes)
 
 HOST_STATES = ("params_host", "params_host_pinned", "grads_host", "optim_host", "frozen_host")
 # phase name -> the terms' phase argument
@@ -231,7 +231,7 @@ def _device_terms(arch: Architecture, run: RunShape, phases: Phases) -> list[Ter
 def _overheads(run: RunShape, allocated: float) -> tuple[list[Term], float]:
     """The fixed terms on top of the allocated bytes and the total in GiB: on CPU the process runtime (and the
     DeepSpeed engine's); on a GPU the CUDA context and workspaces (+ NCCL's buffers) and the allocator's reserve
-    (`launch.calibration`: measured per strategy)."""
+    (`launch.facts.calibration`: measured per strategy)."""
     if run.device == "cpu":
         terms = [Term("process runtime (python, torch, transformers, deepspeed, trl)", CPU_RUNTIME_BASELINE_GIB,
                       "measured import baseline (CPU_RUNTIME_BASELINE_GIB)", "host")]
@@ -327,7 +327,7 @@ def _kernel_notes(arch: Architecture, run: RunShape) -> list[str]:
 
 # A transient at least this share of the allocated peak and this large is where the caching allocator's
 # fragmentation can outgrow the reserve planned without expandable segments (measured at 2K-4K tokens, where
-# transients are small: launch/calibration.py): freed multi-GiB blocks of one phase cannot be
+# transients are small: launch/facts/calibration.py): freed multi-GiB blocks of one phase cannot be
 # split for the next phase's differently sized tensors (PyTorch's CUDA notes recommend expandable_segments for jobs
 # whose allocation sizes change); ALST's published examples export it (ArcticTraining,
 # projects/sequence-parallelism/README.md); the allocator setting of the run the published 2% bound comes from is

@@ -1,7 +1,8 @@
 """The run as the memory model needs it: the run's `Layout` (strategy, ZeRO stage, offload of the model states, mesh,
 world size, machines, batch, lengths: every layout fact and its arithmetic, read as `run.layout.<fact>`), its
 `Precision` (load dtype, mixed precision, the dtype of the trainable parameters, gradients and optimizer states and
-where the fp32 masters live: `run.precision`, launch.precision), plus what only memory needs: device, checkpointing
+where the fp32 masters live: `run.precision`, launch.config.precision), plus what only memory needs: device,
+checkpointing
 and its offload, attention kernel, loss, layer kernels, tiled MLP and the DeepSpeed / FSDP settings that change
 memory."""
 
@@ -10,12 +11,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from launch.adapter import Adapter
+from launch.config.adapter import Adapter
 from launch.constants import CP_COMM_KEY
-from launch.layout import Layout, training_value
-from launch.precision import BYTES, Precision, load_dtype, mixed_precision
+from launch.config.layout import Layout, training_value
+from launch.config.precision import BYTES, Precision, load_dtype, mixed_precision
 from launch.switches import is_on
-from launch.training_args import Checkpointing, checkpointing
+from launch.config.training_args import Checkpointing, checkpointing
 
 
 def _reshards(layout: Layout, fsdp: dict) -> bool:
@@ -85,14 +86,14 @@ class RunShape:
     # Accelerate's GradientAccumulationPlugin `sync_each_batch` (`accelerator_config: {gradient_accumulation_kwargs:
     # {sync_each_batch: true}}`): FSDP reduce-scatters every micro-batch instead of accumulating unsharded gradients
     sync_each_batch: bool = False
-    # LoRA / QLoRA (launch.adapter, read once from the training arguments); None: a full fine-tune
+    # LoRA / QLoRA (launch.config.adapter, read once from the training arguments); None: a full fine-tune
     adapter: Adapter | None = None
     # FSDP's `fsdp_cpu_ram_efficient_loading`: rank 0 alone reads the weights into host memory, the others start on
     # the meta device and receive their shards by broadcast
     cpu_ram_efficient_loading: bool = False
     # PyTorch's caching allocator with `expandable_segments:True` (PYTORCH_CUDA_ALLOC_CONF, from the config's `env:` or
     # the environment the ranks inherit): freed blocks of a multi-GiB transient are reused by differently sized
-    # ones: the allocator's reserve is planned per setting (launch.calibration.reserved_over_allocated)
+    # ones: the allocator's reserve is planned per setting (launch.facts.calibration.reserved_over_allocated)
     expandable_segments: bool = False
     # `--synthetic` (launch.rank.synthetic): random weights built whole on each GPU, before any sharding
     synthetic: bool = False
@@ -105,7 +106,7 @@ class RunShape:
         """The same run at another global length."""
         return replace(self, layout=self.layout.with_length(max_length))
 
-    # ---- the run's precision: launch.precision's reading of the two choices above, per strategy
+    # ---- the run's precision: launch.config.precision's reading of the two choices above, per strategy
     @functools.cached_property
     def precision(self) -> Precision:
         """Load dtype, compute dtype, the trainable parameters', gradients' and optimizer states' dtypes and where the
@@ -138,7 +139,7 @@ class RunShape:
         """From a resolved run: its `Layout`, its Accelerate config (the FSDP and CP settings the layout does not
         hold), its merged TRL `SFTConfig` / `ModelConfig` fields (a missing key means the default the recipe's
         train.py gets: `bf16=True` unless fp16, ModelConfig's `dtype="float32"`, transformers' SDPA) and its
-        `Checkpointing` (the two checkpointing names resolved once, launch.training_args). A layout without a
+        `Checkpointing` (the two checkpointing names resolved once, launch.config.training_args). A layout without a
         max_length (`max_length: null`, no truncation) is planned at SFTConfig's default length, the one length
         there is to plan.
         """
@@ -150,7 +151,7 @@ class RunShape:
             layout = layout.with_length(training_value({}, "max_length"))
 
         cpu = device == "cpu" or is_on(training.get("use_cpu", False))
-        # read as launch.precision reads them for Setup.precision: the CPU profile's arguments say the CPU run's
+        # read as launch.config.precision reads them for Setup.precision: the CPU profile's arguments say the CPU run's
         # (fp32 unless it asks for bf16; no fp16 on CPU)
         mixed = mixed_precision(accelerate, training)
         if cpu and mixed == "fp16":
@@ -196,7 +197,7 @@ class RunShape:
     @classmethod
     def from_configs(cls, accelerate: dict, training: dict, device: str = "gpu") -> "RunShape":
         """From the two configs alone (no resolved run): the `Layout` and `Checkpointing` built here as
-        `launch.resolve` builds them."""
+        `launch.run.resolve` builds them."""
         training = training or {}
         return cls.from_layout(Layout.from_configs(accelerate or {}, training), accelerate, training,
                                checkpointing(training), device)

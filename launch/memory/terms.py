@@ -10,12 +10,13 @@ from launch.memory import adapters
 from launch.memory.architecture import Architecture
 from launch.memory.constants import F32, INT32_ELEMENTS, TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK, pow2
 from launch.memory.run_shape import RunShape
-from launch.precision import BYTES
+from launch.config.precision import BYTES
 
 
 def _param_bytes(run: RunShape) -> int:
     """Bytes per element of the trainable parameters as they are kept on the device (`run.precision`,
-    launch.precision, says per strategy: DeepSpeed's 16-bit module with an fp32 master in its optimizer; DDP and one
+    launch.config.precision, says per strategy: DeepSpeed's 16-bit module with an fp32 master in its optimizer; DDP and
+    one
     process in the load dtype; FSDP2 under mixed precision in fp32 shards; an adapter in its own dtype)."""
     return run.precision.param_bytes
 
@@ -43,7 +44,7 @@ def model_state_bytes(arch: Architecture, run: RunShape) -> dict:
       reducer's flat buckets are a second copy of the gradients (gradient_as_bucket_view=False, Accelerate's
       default) -- counted under communication buffers; AdamW states (exp_avg, exp_avg_sq) `zeros_like(param)`, so
       in the parameter dtype: 4 + 4 + 8 bytes for the fp32 load the recipes use (the parameters are the fp32
-      masters), 2 + 2 + 4 for a bf16 load (pure bf16, which launch.rules refuses where updates round away).
+      masters), 2 + 2 + 4 for a bf16 load (pure bf16, which launch.checks.rules refuses where updates round away).
     DeepSpeed (bf16): 16-bit parameters; gradients in grad_accum_dtype, which defaults to the model dtype
       (engine.get_data_types: bf16); fp32 master copy and fp32 Adam states in the optimizer.
       ZeRO-1: parameters and gradients whole, master and Adam partitioned over the ZeRO group.

@@ -289,7 +289,8 @@ def trace(config, run: RunShape, *, analytic=None) -> Traced:
 
 
 def _lora(model, adapter):
-    """PEFT's LoRA on the model as TRL's `get_peft_config` builds it from the same fields (launch.adapter.Adapter)."""
+    """PEFT's LoRA on the model as TRL's `get_peft_config` builds it from the same fields
+    (launch.config.adapter.Adapter)."""
     import torch
     from peft import LoraConfig, get_peft_model
 

@@ -1,5 +1,5 @@
 """What a run measures inside each rank: throughput and memory, written for the launcher to summarise
-(`launch.throughput`).
+(`launch.speed.measured`).
 
 `measure_callback` is added by `launch.rank.monitor` when the launcher sets LAUNCH_BENCH=<warm-up steps>. Cheap
 enough for every run:

@@ -3,10 +3,10 @@ launcher asks (it sets LAUNCH_MONITOR_DIR; under plain `accelerate launch` nothi
 
 - Heartbeats: each rank rewrites `<dir>/rank<RANK>.json` with its last event (train_begin, step_begin, step_end,
   train_end) and step, so the launcher can tell a rank that stopped making progress from one that waits for it
-  (`launch.supervise.Watchdog`).
+  (`launch.run.supervise.Watchdog`).
 - With LAUNCH_BENCH=<warm-up steps>: `launch.rank.measure.measure_callback`, into `<dir>/bench/`: tokens/s, MFU and
   memory per rank, cheap enough for every run (no per-step device sync unless LAUNCH_BENCH_SYNC=1; see
-  launch/throughput.py).
+  launch/speed/measured.py).
 - With LAUNCH_FIRST_LOSS_BAND=<band as JSON>: `launch.rank.sentinel.sentinel_callback`, which stops the run (every rank
   raises) when a first logged loss is outside the band recorded in the recipe's expected_metrics.json.
 
@@ -29,7 +29,8 @@ from launch.rank.measure import measure_callback  # measure and sentinel import 
 from launch.rank.sentinel import ENV as SENTINEL_ENV  # LAUNCH_FIRST_LOSS_BAND
 from launch.rank.sentinel import sentinel_callback
 
-ENV = run_files.MONITOR_ENV  # LAUNCH_MONITOR_DIR: the run folder's monitor folder (launch.outdir.RunFolder.monitor)
+# LAUNCH_MONITOR_DIR: the run folder's monitor folder (launch.results.outdir.RunFolder.monitor)
+ENV = run_files.MONITOR_ENV
 BENCH_ENV = "LAUNCH_BENCH"
 PHASES = {"train_begin": 0, "step_begin": 1, "step_end": 2, "train_end": 3}
 

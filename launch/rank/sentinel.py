@@ -1,5 +1,5 @@
 """The first-steps loss sentinel inside the ranks: a TrainerCallback that checks the first logged losses
-against the band the launcher hands over in LAUNCH_FIRST_LOSS_BAND (`launch.sentinel` reads and checks the
+against the band the launcher hands over in LAUNCH_FIRST_LOSS_BAND (`launch.results.sentinel` reads and checks the
 band), and stops every rank at once when one is outside it.
 
 Rank side: imports nothing of the launcher but `launch.rank.run_files` (names only).

@@ -2,7 +2,8 @@
 
 transformers imports peft with every `TrainingArguments` when peft is installed (`transformers/trainer_utils.py`:
 `if is_peft_available(): from peft import PeftMixedModel, PeftModel`), so the launcher imports it whenever it builds
-a recipe's parser (`launch.training_args`: the run form, plan, bench, record). peft then imports bitsandbytes at its
+a recipe's parser (`launch.config.training_args`: the run form, plan, bench, record). peft then imports bitsandbytes at
+its
 own import (`peft/helpers.py`: `try: import bitsandbytes as bnb except ImportError: bnb = None`, used only by
 `find_kappa_target_modules`, which the launcher never calls). That import cost about 0.8 s of a dry run, and on a CPU
 with AVX512-BF16 bitsandbytes printed, from its import, "Failed to load CPU gemm_4bit_forward from kernels-community:
@@ -10,7 +11,7 @@ No module named 'kernels'. Please make sure you already `pip install kernels` ..
 looks for an optional kernel on the Hub; without it bitsandbytes uses its own compiled CPU kernel, so the message asks
 for a package nothing needs). The launcher quantizes nothing (the ranks load the 4-bit model), so while it runs
 (`kept_out`), that one import inside peft is refused, as on a machine without bitsandbytes, and peft imports without
-it. Everything else that imports bitsandbytes gets it as usual (doctor's 4-bit check, `launch.image_checks`; in a
+it. Everything else that imports bitsandbytes gets it as usual (doctor's 4-bit check, `launch.checks.image`; in a
 rank, transformers' 4-bit and 8-bit loading and its bitsandbytes optimizers, which import it themselves).
 
 peft itself stays: transformers imports it without a way around short of hiding the installed package from

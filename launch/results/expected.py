@@ -2,7 +2,8 @@
 writes into it.
 
 Per profile (`smoke-cpu`, `smoke-gpu`, ...): the invocation it was recorded with, the environment, the per-step
-loss and grad_norm, and two-sided bounds. A profile's entry may also hold a `first_loss_band` (`launch.sentinel`,
+loss and grad_norm, and two-sided bounds. A profile's entry may also hold a `first_loss_band`
+(`launch.results.sentinel`,
 validated here), and a GPU profile's entry (`full-gpu`) may hold only that. Judging follows two upstream models:
 - TRL's invariant tests: per-step loss and grad_norm against reference values, with a maximum absolute
   difference *and* a mean (signed) drift (`TOLERANCE` below holds TRL's numbers);
@@ -20,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launch.errors import LaunchError
-from launch.layout import mesh_from  # the mesh sizes, as Accelerate's ParallelismConfig reads them
-from launch.sentinel import band_problems
+from launch.config.layout import mesh_from  # the mesh sizes, as Accelerate's ParallelismConfig reads them
+from launch.results.sentinel import band_problems
 from launch.results.stepdiff import METRICS
 
 # TRL tests/invariant: loss max |diff| 1e-3 and mean diff 1e-5; grad_norm 1e-1 and 1e-3 (fp32, seed 42).
@@ -80,7 +81,8 @@ def expected_problems(data) -> list[str]:
             continue
         out += [f"`{where}`: {problem}" for problem in band_problems(entry)]
         if "steps" not in entry and "invocation" not in entry:
-            continue  # a profile entry without recorded steps: only a first-loss band (launch.sentinel) for a GPU run
+            # a profile entry without recorded steps: only a first-loss band (launch.results.sentinel) for a GPU run
+            continue
         if not isinstance(entry.get("invocation"), dict):
             out.append(f"`{where}.invocation` is missing or not an object")
         steps = entry.get("steps")
@@ -150,7 +152,8 @@ class SmokeGpu:
 
 
 def smoke_gpu(recipe) -> SmokeGpu:
-    """The GPU smoke layout of `recipe` (a launch.recipes.Recipe): one process, unless its Accelerate config fixes a
+    """The GPU smoke layout of `recipe` (a launch.recipe.discovery.Recipe): one process, unless its Accelerate config
+    fixes a
     mesh of several (then its recorded smoke-cpu layout: processes, mesh sizes and training arguments)."""
     accelerate = recipe.accelerate
     if not accelerate.get("parallelism_config"):

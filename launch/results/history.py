@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launch.outdir import RunFolder
+from launch.results.outdir import RunFolder
 from launch.results.stepdiff import METRICS
 
 
@@ -24,7 +24,8 @@ def step_metrics(history: list[dict]) -> dict[str, list[float]]:
 
 def run_totals(history: list[dict]) -> dict:
     """The Trainer's own totals: its train_runtime and the tokens TRL counted (padding excluded, warm-up included).
-    Their ratio is not reported: the run's tokens/s is the bench's (launch.throughput), one figure under one name."""
+    Their ratio is not reported: the run's tokens/s is the bench's (launch.speed.measured), one figure under one
+    name."""
     final = next((h for h in reversed(history) if "train_runtime" in h), {})
     tokens = max((h.get("num_tokens", 0) for h in history), default=0)
     return {"train_runtime_s": final.get("train_runtime"), "num_tokens": tokens}

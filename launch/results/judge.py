@@ -14,7 +14,7 @@ from pathlib import Path
 
 from launch.errors import LaunchError
 from launch.results.expected import TOLERANCE, bounds_for, profile_entry, read_expected, smoke_gpu
-from launch.machine import cpu_model, gpu_driver, gpu_info, installed_versions
+from launch.facts.machine import cpu_model, gpu_driver, gpu_info, installed_versions
 from launch.results.stepdiff import METRICS, by_step, step_difference
 
 # Exit statuses of a judged smoke run (README: "Exit status").

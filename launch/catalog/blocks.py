@@ -1,0 +1,239 @@
+"""The README blocks and train.py copies that are generated from the code, so that each fact is written once:
+
+- `train.py` copies of `templates/train.py` in the recipe folders (`launch.recipe.copies`);
+- blocks between `<!-- generated: NAME -->` and `<!-- end generated -->` in each recipe's README (GENERATORS:
+  `rules-cp` / `rules-sp`, the rules a CP / SP configuration must keep, from `launch.checks.rules`; `fits-on`, the
+  planner's
+  line for the recipe's own hardware) and in the repository's pages, README.md and docs/*.md (PAGE_GENERATORS:
+  `recipe-table` from the recipe folders, `floors` from launch/'s imports, `timings` from docs/timings.json).
+
+`python -m launch sync-scripts` rewrites them; `check()` (run by tests/test_recipe_layout.py in CI) names every copy
+or block that differs from what the code generates.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from launch import REPO_ROOT, memory
+from launch.catalog import floors
+from launch.facts import hub
+from launch.recipe import copies
+from launch.catalog.table import recipe_rows
+from launch.memory.plan import default_target, plan_memory
+from launch.config.options import Options
+from launch.recipe.discovery import RECIPES_DIR, find_recipe, recipe_dirs, recipe_names
+from launch.run.resolve import resolve
+from launch.checks.rules import RULES
+
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
+
+
+def rules_table(features: tuple[str, ...]) -> str:
+    rows = ["| the configuration must keep | otherwise |", "|---|---|"]
+    rows += [f"| {r.doc[0]} | {r.doc[1]} |" for r in RULES if r.doc and r.feature in features]
+    return "\n".join(rows) + "\n"
+
+
+MODEL_CONFIGS = hub.SHIPPED_CONFIGS
+
+
+def fits_on(folder: Path) -> str:
+    """The recipe's GPU defaults planned for their stated hardware (the recipe's process count x an 80 GB GPU), with
+    the model's architecture from the repository's copy of its config.json (docs/model_configs)."""
+    recipe = find_recipe(str(folder))  # the folder's own config: a copied folder renders the same text
+    model = str(recipe.config.get("model_name_or_path", ""))
+    config_dir = MODEL_CONFIGS / model.replace("/", "--")
+    if not (config_dir / "config.json").is_file():
+        return (f"No planner line: {model}'s config.json is not in {MODEL_CONFIGS.relative_to(REPO_ROOT)} "
+                "(add it to get one).\n")
+    setup = resolve(Options(recipe=str(folder), extra=["--model_name_or_path", str(config_dir)]),
+                    progress=lambda *_: None)
+    config = hub.read_model_config(str(config_dir))
+    target = default_target(setup)
+    # the recipe's own settings (its config's env: block), not this process's environment
+    plan = plan_memory(setup, target, model=config, environ={})
+    longest = plan_memory(setup, target, auto=True, model=config, environ={}).longest
+    est = plan.estimate
+    biggest = max(est.host_terms, key=lambda term: term.gib, default=None)
+    host = f"; host memory {est.host_per_node_gib:,.0f} GiB per node" + (
+        f" (most of it: {biggest.name})" if biggest is not None and est.host_per_node_gib >= 16 else "")
+    verdict = "fits" if plan.fits else "DOES NOT FIT"
+    if not plan.run.gradient_checkpointing:  # its speed settings do without: how far checkpointing would take it
+        checkpointed = memory.longest_length(plan.arch, replace(plan.run, gradient_checkpointing=True),
+                                             target.gpu_memory_gib, target.host_memory_gib, plan.multiple)
+        longer = f" ({checkpointed:,} with activation checkpointing on)"
+    else:
+        longer = ""
+    machines = f"{target.nodes} machines x " if target.nodes > 1 else ""
+    precision = plan.run.precision
+    masters = f"fp32 masters: {precision.master}" if precision.master else "pure 16-bit, no fp32 masters"
+    return (f"**Fits on** ({verdict}; predicted by `python -m launch plan` for this folder, not measured): "
+            f"{machines}{target.gpus_per_node} x 80 GB GPUs ({target.gpu_memory_gib:g} GiB each) with "
+            f"{est.gpu_peak_gib:.1f} GiB per GPU at max_length {plan.max_length:,} ({est.per_rank_length:,} tokens per "
+            f"rank; largest term: {est.largest_gpu_term().name}; {precision.bytes_per_param} bytes per trained "
+            f"parameter, {masters}){host}; the longest max_length that fits: {longest:,}{longer}.\n")
+
+
+# name -> function(recipe folder) -> the block's text
+GENERATORS = {
+    "rules-cp": lambda folder: rules_table(("parallel", "context_parallel", "long_context")),
+    "rules-sp": lambda folder: rules_table(("parallel", "sequence_parallel", "alst", "long_context")),
+    "fits-on": fits_on,
+}
+
+
+def render(text: str, folder: Path) -> str:
+    def fill(m):
+        gen = GENERATORS.get(m.group("name"))
+        return m.group(0) if gen is None else m.group(1) + gen(folder) + m.group(4)
+
+    return BLOCK.sub(fill, text)
+
+
+def readme_problems(folders=None) -> list[str]:
+    out = []
+    for folder in folders or recipe_dirs():
+        readme = folder / "README.md"
+        text = readme.read_text()
+        for m in BLOCK.finditer(text):
+            if m.group("name") not in GENERATORS:
+                out.append(f"{readme}: unknown generated block `{m.group('name')}`")
+        if render(text, folder) != text:
+            names = [m.group("name") for m in BLOCK.finditer(text)
+                     if render(m.group(0), folder) != m.group(0)]
+            out.append(f"{readme}: generated block(s) {', '.join(names)} differ from what the code generates for "
+                       f"this folder; run `python -m launch sync-scripts` to regenerate them")
+    return out
+
+
+# The repository's pages: README.md (the front page) and docs/*.md. Their blocks are generated from the whole
+# repository, not from one recipe folder.
+TIMINGS = REPO_ROOT / "docs" / "timings.json"
+RECIPE_LINK = re.compile(r"^\| \[`[^`]+`\]\(recipes/(?P<name>[^/)]+)/README\.md\)", re.M)
+
+
+def pages() -> list[Path]:
+    return [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+
+
+def recipe_table(body: str | None) -> str:
+    """README's recipe table, one row per recipe folder (`launch.catalog.table`). `body`: the block as it stands, when
+    checking: then only the recipes it lists (and that still exist) are held to their folders, so that a recipe you
+    copy or fork into recipes/ does not make the shipped README stale; `sync-scripts` (body None) adds its row."""
+    names = recipe_names()
+    if body is not None:
+        listed = {m.group("name") for m in RECIPE_LINK.finditer(body)}
+        names = [name for name in names if name in listed]
+    rows = ["| recipe | strategy | GPUs | GPU defaults "
+            "| speed settings (checkpointing, Liger, micro-batch x accumulation) "
+            "| smoke run on CPU (CI) | what it is for |",
+            "|---|---|---|---|---|---|---|"]
+    for r in recipe_rows(names):
+        model = ", ".join(name.rsplit("/", 1)[-1] for name in (r["model"], r["dataset"]) if name)
+        length = f", {r['max_length']:,} tokens" if isinstance(r["max_length"], int) else ""
+        cpu = f"{r['cpu_processes']} processes, judged" if r["cpu_verified"] else "not recorded"
+        rows.append(f"| [`{r['name']}`](recipes/{r['name']}/README.md) | {r['strategy']} | {r['processes']} | "
+                    f"{model}{length} | {r['speed']} | {cpu} | {r['purpose']} |")
+    return "\n".join(rows) + "\n"
+
+
+def timings(body: str | None) -> str:
+    """The launcher's own timings as `benchmarks/timings.py` last measured them (docs/timings.json)."""
+    rel = TIMINGS.relative_to(REPO_ROOT)
+    if not TIMINGS.is_file():
+        return f"No timings recorded yet: `python benchmarks/timings.py` measures them into `{rel}`.\n"
+    data = json.loads(TIMINGS.read_text())
+    host = data["host"]
+    rows = [f"Measured by `python benchmarks/timings.py` on {data['date'][:10]} ({host['cpus']} CPU cores, "
+            f"{host['machine']}, Python {host['python']}, load average {data['load_average']:.1f} at the start;\n"
+            f"offline; wall time of the whole command, median of {data['runs']} runs after {data['warmup']} "
+            f"warm-up run; `{rel}` holds every run):", "",
+            "| command | median (s) | fastest (s) | slowest (s) |", "|---|---|---|---|"]
+    for c in data["commands"]:
+        rows.append(f"| `{c['command']}` | {c['median_s']:.2f} | {c['min_s']:.2f} | {c['max_s']:.2f} |")
+    return "\n".join(rows) + "\n"
+
+
+TRACE_TABLE = REPO_ROOT / "docs" / "trace-table.json"
+
+
+def trace_table(body: str | None) -> str:
+    """Every recipe's GPU default, analytic and traced, as `benchmarks/trace_table.py` last measured it."""
+    rel = TRACE_TABLE.relative_to(REPO_ROOT)
+    if not TRACE_TABLE.is_file():
+        return f"No traces recorded yet: `python benchmarks/trace_table.py` writes them into `{rel}`.\n"
+    data = json.loads(TRACE_TABLE.read_text())
+    rows = [f"Measured by `python benchmarks/trace_table.py` on {data['date'][:10]} ({data['host']['cpus']} CPU cores, "
+            f"load average {data['load_average']:.1f} at the start; `{rel}` holds every category), each recipe's GPU "
+            f"default with `-- {' '.join(data.get('training_args', [])) or 'nothing'}` (Liger's Triton kernels do "
+            "not run under fake tensors; so the plans here are above the defaults' own, which count Liger's smaller "
+            "activations). Allocated peak "
+            "per GPU in GiB (what `torch.cuda.max_memory_allocated` reports: without the CUDA context, NCCL and the "
+            "allocator's reserve, which neither side can see); ratio = traced / analytic.", "",
+            "| recipe | tokens per rank | analytic (GiB) | traced (GiB) | ratio | wall (s) |",
+            "|---|---|---|---|---|---|"]
+    for r in data["recipes"]:
+        if "error" in r:
+            rows.append(f"| `{r['recipe']}` | | | error: {r['error']} | | |")
+            continue
+        tokens = f"{r['per_rank_length']:,}"
+        if "ratio" in r:
+            rows.append(f"| `{r['recipe']}` | {tokens} | {r['analytic_allocated_gib']:.2f} | "
+                        f"{r['traced_allocated_gib']:.2f} | {r['ratio']:.2f} | {r['wall_s']:.0f} |")
+        else:
+            rows.append(f"| `{r['recipe']}` | {tokens} | {r['analytic_allocated_gib']:.2f} | "
+                        f"not traced: {r['untraced']} | | |")
+    return "\n".join(rows) + "\n"
+
+
+# name -> function(the block as it stands when checking, None when syncing) -> the block's text
+PAGE_GENERATORS = {
+    "recipe-table": recipe_table,
+    "floors": lambda body: floors.floor_table(),
+    "timings": timings,
+    "trace-table": trace_table,
+}
+
+
+def render_page(text: str, checking: bool = False) -> str:
+    def fill(m):
+        gen = PAGE_GENERATORS.get(m.group("name"))
+        return m.group(0) if gen is None else m.group(1) + gen(m.group("body") if checking else None) + m.group(4)
+
+    return BLOCK.sub(fill, text)
+
+
+def page_problems(paths=None) -> list[str]:
+    out = []
+    for page in paths or pages():
+        text = page.read_text()
+        rel = page.relative_to(REPO_ROOT) if page.is_relative_to(REPO_ROOT) else page
+        for m in BLOCK.finditer(text):
+            if m.group("name") not in PAGE_GENERATORS:
+                out.append(f"{rel}: unknown generated block `{m.group('name')}`")
+            elif render_page(m.group(0), checking=True) != m.group(0):
+                out.append(f"{rel}: generated block `{m.group('name')}` differs from what the code generates; run "
+                           "`python -m launch sync-scripts` to regenerate it")
+    return out
+
+
+def check(recipes_dir: Path = RECIPES_DIR) -> list[str]:
+    problems = copies.check_copies(recipes_dir) + readme_problems([p.parent for p in recipes_dir.glob("*/README.md")])
+    # the repository's pages describe the repository's own recipes folder, not a copy of one elsewhere
+    return problems + (page_problems() if recipes_dir == RECIPES_DIR else [])
+
+
+def sync(recipes_dir: Path = RECIPES_DIR, out=print) -> int:
+    copies.sync_copies(recipes_dir, out=out)
+    readmes = sorted(recipes_dir.glob("*/README.md"))
+    for readme in readmes + (pages() if recipes_dir == RECIPES_DIR else []):
+        text = readme.read_text()
+        new = render(text, readme.parent) if readme in readmes else render_page(text)
+        if new != text:
+            readme.write_text(new)
+            out(f"updated {readme}")
+    return 0

@@ -1,0 +1,1 @@
+"""Speed: what a run measured, the throughput model's prediction before it, and `--fastest`."""

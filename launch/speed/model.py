@@ -1,0 +1,462 @@
+"""The throughput model: a run shape's predicted step time and tokens per second per GPU, before any step runs.
+
+A step is the kernels one GPU runs in it, and each kernel takes as long as the slower of what it does and what it
+costs to issue (a roofline with a floor):
+
+    kernel time = max(FLOPs / (peak x MATMUL_FRACTION_OF_PEAK) + bytes / MEMORY_BOUND_BYTES_PER_S, KERNEL_ISSUE_S)
+    step time   = sum over the step's kernels + offloaded bytes / HOST_LINK_BYTES_PER_S
+
+- The kernels are counted from the code the run executes (`Op` tables below: transformers 5.23's modules in eager
+  PyTorch, Liger 0.8.5's Triton kernels, PEFT 0.21's LoRA layer, TRL 1.16's fused LM head, torch's fused AdamW, FSDP2's
+  parameter copies), per layer and pass: forward, the forward again where activation checkpointing recomputes it (and
+  DeepSpeed's tiled MLP its MLP), backward. GEMMs carry their FLOPs (no weight gradients for a frozen base; causal
+  attention at half the formula's, the kernel skips the masked blocks); the other kernels the bytes they read and
+  write. Liger's kernels replace several unfused ones (an RMSNorm reads and writes its rows once instead of through
+  eight kernels): what turning Liger on buys is counted, not fitted.
+- The constants are calibration (`launch.facts.calibration`): the matmul fraction measured on an H100; the memory-bound
+  bandwidth and the per-kernel issue time, two constants fitted together to the measured rows (`fit`). The issue
+  floor is what makes small micro-batches and small models slower per token: their kernels are too short to hide
+  eager PyTorch's per-op host work. tests/test_throughput_model.py checks every measured row within 20%.
+
+Not modelled, and said where it matters: communication between GPUs (NCCL all-reduce, all-gather, reduce-scatter,
+all-to-all; assumed overlapped with compute), an optimizer stepped on the host (DeepSpeed's CPU Adam), dataloading.
+The peak is the target GPU's dense BF16 peak (`launch.speed.measured.GPU_PEAK_BF16`); the rates were measured on an H100
+SXM, so another GPU's prediction scales its peak, not its bandwidth or issue time.
+
+Reports (`flops_per_token`) give each convention beside the others: the model FLOPs of the MFU (6N + 12 L H d S,
+non-causal, recomputation not counted: `launch.speed.measured`), the hardware FLOPs of the HFU (the model FLOPs plus
+checkpointing's recomputed forward), and for an adapter run the FLOPs a frozen base really costs: NeMo Automodel
+scales the full fine-tune's causal FLOPs by (2 + trainable / frozen) / 3 (no weight-gradient matmuls for the frozen
+base), so a LoRA row can be set against NeMo's published figure in its own convention.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+from launch.facts import calibration
+from launch.memory import adapters
+from launch.memory.architecture import Architecture
+from launch.memory.run_shape import RunShape
+
+H100_PEAK = 989e12  # the calibration GPU's dense BF16 peak (launch.speed.measured.GPU_PEAK_BF16, "H100")
+
+
+# ---- what a layer runs: memory-bound ops, bytes per element and kernels, forward and backward ------------------------
+@dataclass(frozen=True)
+class Op:
+    """A memory-bound operation: bytes read + written per element of its [tokens, width] tensors, and the kernels it
+    launches, in the forward and the backward (the bytes spread evenly over its kernels). Tiny per-row reductions and
+    the weights are left out of the bytes."""
+
+    bytes_fwd: float
+    bytes_bwd: float
+    kernels_fwd: int
+    kernels_bwd: int
+
+
+# `False`: transformers 5.23's module in eager PyTorch; `True`: Liger 0.8.5's Triton kernel.
+LAYER_OPS = {
+    # Qwen3RMSNorm / LlamaRMSNorm: to(fp32) 2+4, pow 4+4, mean 4, (+ eps, rsqrt on one value a row), mul 4+4,
+    # to(bf16) 4+2, weight mul 2+2 = 36 bytes in 8 kernels; autograd's backward of those ops: the weight's grad
+    # (mul, sum over tokens), the casts, the rsqrt path (mul, sum, rsqrt's and mean's backward), pow's backward and the
+    # two paths into the input summed, ~76 bytes in 16 kernels. Liger's RMSNorm: one kernel reads X and writes Y (4);
+    # backward reads dY and X and writes dX (6), then sums the per-program weight grads (2 kernels).
+    "rmsnorm": {False: Op(36, 76, 8, 16), True: Op(4, 6, 1, 2)},
+    # apply_rotary_pos_emb on q and k: q*cos 2+2, rotate_half (neg 1+1 on half, cat 2+2), *sin 2+2, add 4+2 = 20 per
+    # element in 5 kernels a tensor; backward: the muls 4+4, neg's 2, the two slices' zero-filled grads 8, the three
+    # contributions summed 6 = 24 in 9 kernels a tensor. Liger: one kernel for q and k, in place, 4 / 4.
+    "rope": {False: Op(20, 24, 10, 18), True: Op(4, 4, 1, 1)},
+    # act_fn(gate) * up: silu 2+2, mul 4+2 = 10 per intermediate element in 2 kernels; backward: two muls 6+6, silu's
+    # 6 = 18 in 3. Liger's SwiGLU: reads gate and up, writes the product (6); backward reads dY, gate, up and writes
+    # the two grads (10), one kernel each way.
+    "swiglu": {False: Op(10, 18, 2, 3), True: Op(6, 10, 1, 1)},
+}
+RESIDUAL_ADD = Op(6, 6, 1, 1)  # residual + x: read 4 write 2; backward: the two gradient paths summed
+GRAD_SUM = Op(0, 6, 0, 1)  # a tensor several matmuls read (the norm output into q/k/v, into gate/up): grads summed
+ATTN_OUTPUT_COPY = Op(4, 4, 1, 1)  # sdpa_attention_forward's transpose(1, 2).contiguous() of the output, its grad
+# PEFT's LoRA Linear (`result + lora_B(lora_A(dropout(x))) * scaling`) per wrapped module, for an fp32 adapter under
+# bf16 autocast. Per element of its input: x.to(fp32) 2+4, dropout 4+4+1 (its mask), autocast's cast back to bf16 for
+# lora_A 4+2, lora_A's read 2 = 23 in 4 kernels; backward: lora_A's two grads read/write 2 + 2, the casts back 6 + 6,
+# dropout's 9, the sum into x's grad 6 = 31 in 6 kernels. Per element of its output: lora_B writes 2, `* scaling`
+# 2+2, the add 4+2 = 12 in 3 kernels; backward: scaling's 4, lora_B's two grads read 2 + 2 = 8 in 3 kernels. Without
+# dropout (p = 0: nn.Identity) 9 bytes and a kernel less each way; a 16-bit adapter (QLoRA, ZeRO-3) has no casts:
+# 12 bytes and 2 kernels less each way.
+LORA_INPUT = Op(23, 31, 4, 6)
+LORA_DROPOUT = Op(9, 9, 1, 1)
+LORA_CASTS = Op(12, 12, 2, 2)
+LORA_OUTPUT = Op(12, 8, 3, 3)
+# bitsandbytes' 4-bit base (QLoRA): each matmul first dequantizes its weight (read 0.5, write 2 bytes per weight), in
+# each pass (forward, recomputed forward, the backward's input gradient).
+QLORA_DEQUANT_BYTES = 2.5
+# TRL's fused LM head (trl/kernels/chunked_logprob.py) works in [4096 tokens x 32768 vocabulary] tiles: per tile the
+# logits GEMM and a Triton fold that reads the tile (forward); the backward recomputes the GEMM, folds (reads the
+# tile, writes its gradient in place), and runs the hidden states' and (when the head trains) the weight's GEMMs.
+LOSS_TILE_BYTES = Op(2, 4, 1, 1)
+# The optimizer step, bytes per trainable element on the GPU: torch's fused AdamW reads param, grad, exp_avg,
+# exp_avg_sq and writes three of them (7 x the state's bytes); clip_grad_norm_ reads the grads for the norm and
+# reads + writes them to scale (3 x the grad's bytes). DeepSpeed's fp32 master step: master, fp32 grad, two Adam
+# states read, three written (4 x 7), the 16-bit grad converted (2 + 4), the 16-bit params written back (4 + 2).
+ADAMW_ACCESSES = 7
+CLIP_ACCESSES = 3
+DEEPSPEED_STEP_BYTES = 4 * 7 + 6 + 6
+# Gradient accumulation: every micro-batch after the first adds into each gradient (read two, write one; one
+# kernel per parameter tensor under DDP, as autograd accumulates `.grad`).
+ACCUMULATE_ACCESSES = 3
+# FSDP2 per micro-batch and parameter: each all-gather copies the fp32 shard in as bf16 (4 + 2 per sharded element)
+# and the gathered bf16 buffer out into the unsharded parameters (2 + 2 + 2 per element); forward, and again for the
+# backward after `reshard_after_forward`. The reduce-scatter copies the bf16 grads in (2 + 2) and adds its fp32 output
+# shard into the sharded grad (4 x 3 per sharded element). Kernels per layer: copy-in, all-gather, copy-out per
+# gather; copy-in, reduce-scatter, the add per reduction.
+FSDP_GATHER = (6, 6, 3)  # (bytes per element, bytes per sharded element, kernels per layer)
+FSDP_REDUCE = (4, 12, 3)
+# DeepSpeed per micro-batch and parameter: ZeRO-3 gathers each 16-bit partition for the forward and the backward
+# (the gathered copy written 2, read 2) and reduce-scatters the grads (2 + 2); ZeRO-1/2 copy the grads into their
+# reduction bucket (2 + 2).
+ZERO3_GATHER_BYTES = 4
+ZERO_REDUCE_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """`count` kernels, each computing `flops` and moving `bytes` (the memory-bound bytes; a GEMM's own traffic is in
+    its fraction of the peak). `attention`: the attention kernel, whose FLOPs run at the attention fraction."""
+
+    count: float
+    flops: float = 0.0
+    bytes: float = 0.0
+    attention: bool = False
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The calibrated rates a prediction uses (launch.facts.calibration), as one value: `fit` varies them."""
+
+    matmul: float = calibration.MATMUL_FRACTION_OF_PEAK
+    attention: float = calibration.ATTENTION_FRACTION_OF_PEAK
+    bandwidth: float = calibration.MEMORY_BOUND_BYTES_PER_S
+    issue_s: float = calibration.KERNEL_ISSUE_S
+    host_link: float = calibration.HOST_LINK_BYTES_PER_S
+
+    def seconds(self, k: Kernels, peak: float) -> tuple[float, float, float]:
+        """(compute-bound, memory-bound, issue-bound) seconds of `k`: each kernel takes the longer of its work and
+        the issue floor, booked under what set it."""
+        compute = k.flops / (peak * (self.attention if k.attention else self.matmul))
+        memory = k.bytes / self.bandwidth
+        if compute + memory >= self.issue_s:
+            return k.count * compute, k.count * memory, 0.0
+        return 0.0, 0.0, k.count * self.issue_s
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """The predicted cost of one optimizer step of a run on one GPU."""
+
+    step_s: float
+    tokens_per_step_per_gpu: int
+    seconds: dict  # "matmul", "memory-bound", "kernel issue", "host link"
+    flops: dict  # per token: "model", "model_causal", "hardware", "executed", ["frozen_base", "frozen_base_causal"]
+    peak_flops: float
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_step_per_gpu / self.step_s
+
+    def utilization(self, key: str = "model") -> float:
+        """FLOPs per token (`flops[key]`) x predicted tokens/s / the GPU's peak: `model` is the MFU (non-causal),
+        `hardware` the HFU, `frozen_base_causal` NeMo's LoRA convention."""
+        return self.flops[key] * self.tokens_per_s_per_gpu / self.peak_flops
+
+    def as_json(self) -> dict:
+        return {"step_s": round(self.step_s, 4), "tokens_per_step_per_gpu": self.tokens_per_step_per_gpu,
+                "tokens_per_s_per_gpu": round(self.tokens_per_s_per_gpu, 1),
+                "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
+                "mfu": round(self.utilization("model"), 4), "hfu": round(self.utilization("hardware"), 4),
+                **({"mfu_frozen_base_causal": round(self.utilization("frozen_base_causal"), 4)}
+                   if "frozen_base_causal" in self.flops else {}),
+                "flops_per_token": {k: round(v) for k, v in self.flops.items()}}
+
+
+# ---- FLOPs per token, in each convention ----------------------------------------------------------------------------
+def _attention_flops(arch: Architecture, seq_len: int) -> float:
+    """The attention term of the MFU formula, per token: 12 L H d S (forward 4 L H d S: QK^T and PV; backward twice
+    that), non-causal; S the global length (under CP / SP each rank's queries still attend over all of it)."""
+    return 12 * arch.num_layers * arch.q_dim * seq_len
+
+
+def flops_per_token(arch: Architecture, run: RunShape) -> dict:
+    """FLOPs per token in each convention (see the module docstring): "model" (6N + 12 L H d S, the MFU's, N every
+    matmul parameter: `launch.speed.measured.flops_params`), "model_causal" (attention halved), "hardware" (the model's
+    plus checkpointing's recomputed forward: 2 N_layers + 4 L H d S, and a tiled MLP's 2 N_mlp), "executed" (what the
+    GPU runs: `_kernels`); for an adapter run also "frozen_base" and "frozen_base_causal" (NeMo's: x (2 + trainable
+    / frozen) / 3)."""
+    from launch.speed.measured import flops_params  # the one N of the MFU formulas
+
+    n = flops_params(arch)
+    attention = _attention_flops(arch, run.layout.max_length)
+    out = {"model": 6 * n + attention, "model_causal": 6 * n + attention / 2}
+    recompute = (2 * arch.num_layers * arch.matmul_params_per_layer + attention / 3) if run.gradient_checkpointing \
+        else 0.0
+    if run.tiled_mlp:
+        recompute += 2 * arch.num_layers * arch.mlp_params_per_layer
+    out["hardware"] = out["model"] + recompute
+    kernels = _micro_batch_kernels(arch, run)
+    out["executed"] = sum(k.count * k.flops for k in kernels) / run.layout.tokens_per_rank
+    if run.adapter is not None:
+        trainable = adapters.trainable_params(arch, run)
+        ratio = (2 + trainable / max(arch.num_params - trainable, 1)) / 3
+        out["frozen_base"] = out["model"] * ratio
+        out["frozen_base_causal"] = out["model_causal"] * ratio
+    return out
+
+
+# ---- the kernels of one micro-batch -------------------------------------------------------------------------------
+def _passes(run: RunShape) -> tuple[int, int]:
+    """(forward passes, backward passes) of each layer per micro-batch: checkpointing runs the forward twice."""
+    return (2 if run.gradient_checkpointing else 1), 1
+
+
+def _minus(a: Op, *others: Op) -> Op:
+    return Op(*(getattr(a, f.name) - sum(getattr(o, f.name) for o in others) for f in fields(Op)))
+
+
+def layer_ops(arch: Architecture, run: RunShape) -> list[tuple[int, Op]]:
+    """(width, op) of every memory-bound op of one decoder layer. Liger's instance patch (transformers'
+    `apply_liger_kernel` -> `_apply_liger_kernel_to_instance`) replaces the layers' two norms, RoPE and the MLP's
+    SwiGLU (not under DeepSpeed's tiled MLP, which wraps the MLP itself); Qwen3's per-head q/k norms stay
+    transformers' modules. An adapter adds PEFT's LoRA paths, one per wrapped linear layer."""
+    liger = run.liger_kernels and run.device == "gpu"
+    H, I, q, kv = arch.hidden_size, arch.intermediate_size, arch.q_dim, arch.kv_dim
+    ops = [(2 * H, LAYER_OPS["rmsnorm"][liger]), (q + kv, LAYER_OPS["rope"][liger]),
+           (I, LAYER_OPS["swiglu"][liger and not run.tiled_mlp]), (2 * H, RESIDUAL_ADD), (3 * H, GRAD_SUM),
+           (q, ATTN_OUTPUT_COPY)]
+    if arch.qk_norm:
+        ops.append((q + kv, LAYER_OPS["rmsnorm"][False]))
+    if run.adapter is not None:
+        less = ([] if run.adapter.dropout > 0 else [LORA_DROPOUT]) + (
+            [] if adapters.adapter_dtype_bytes(run) == 4 else [LORA_CASTS])
+        shapes = arch.linear_layers()
+        inp = _minus(LORA_INPUT, *less)
+        for name in _wrapped(arch, run):
+            ops += [(shapes[name][1], inp), (shapes[name][2], LORA_OUTPUT)]
+    return ops
+
+
+def _wrapped(arch: Architecture, run: RunShape) -> list[str]:
+    """The suffixes of the linear layers of one decoder layer that the adapter wraps."""
+    shapes = arch.linear_layers()
+    names = [t.rsplit(".", 1)[-1] for t in run.adapter.targets(arch.linear_module_names())
+             if t.startswith("model.layers.0.")]
+    return [n for n in names if n in shapes]
+
+
+def _op_kernels(width: float, op: Op, tokens: int, passes: tuple[int, int], times: int) -> list[Kernels]:
+    out = []
+    for nbytes, kernels, npass in ((op.bytes_fwd, op.kernels_fwd, passes[0]),
+                                   (op.bytes_bwd, op.kernels_bwd, passes[1])):
+        if kernels:
+            out.append(Kernels(kernels * npass * times, bytes=width * nbytes * tokens / kernels))
+    return out
+
+
+def _micro_batch_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
+    """Every kernel of one micro-batch on one GPU: the layers' GEMMs, attention and memory-bound ops, the final norm,
+    TRL's fused LM head, a 4-bit base's dequantization, the sharded strategies' per-micro-batch copies."""
+    L, T, S = arch.num_layers, run.layout.tokens_per_rank, run.layout.max_length
+    passes = _passes(run)
+    fwd = passes[0]
+    frozen = run.adapter is not None
+    out: list[Kernels] = []
+    for width, op in layer_ops(arch, run):
+        out += _op_kernels(width, op, T, passes, L)
+    for _parent, fan_in, fan_out in arch.linear_layers().values():
+        gemm = 2 * T * fan_in * fan_out
+        out.append(Kernels(L * (fwd + 1 + (0 if frozen else 1)), flops=gemm))  # forward(s), input grad, weight grad
+    if frozen:  # LoRA's two small GEMMs per wrapped layer are in its memory-bound ops; their FLOPs here, once each
+        out.append(Kernels(1, flops=2 * T * adapters.adapter_params(arch, run) * (fwd + 2)))
+    attention = 4 * arch.q_dim * S * T / 2  # forward FLOPs of one layer's causal attention
+    out += [Kernels(L * fwd, flops=attention, attention=True), Kernels(L, flops=2 * attention, attention=True)]
+    if run.tiled_mlp:  # DeepSpeed's TiledMLP recomputes each shard's MLP forward in the backward
+        out.append(Kernels(L * 3, flops=2 * T * arch.hidden_size * arch.intermediate_size))
+    liger = run.liger_kernels and run.device == "gpu"
+    out += _op_kernels(arch.hidden_size, LAYER_OPS["rmsnorm"][liger], T, (1, 1), 1)  # the final norm
+    out += _lm_head_kernels(arch, run)
+    if frozen and run.adapter.quantization is not None:
+        for _parent, fan_in, fan_out in arch.linear_layers().values():
+            out.append(Kernels(L * (fwd + 1), bytes=QLORA_DEQUANT_BYTES * fan_in * fan_out))
+    return out + _sharded_kernels(arch, run)
+
+
+def _lm_head_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
+    """TRL's fused LM head, tile by tile (see LOSS_TILE_BYTES)."""
+    from launch.memory.constants import TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK
+
+    T, V, H = run.layout.tokens_per_rank, arch.vocab_size, arch.hidden_size
+    tiles = math.ceil(T / TRL_TOKEN_CHUNK) * math.ceil(V / TRL_VOCAB_CHUNK)
+    gemm = 2 * T * V * H / tiles
+    cells = T * V / tiles
+    gemms = 3 + (1 if adapters.lm_head_trains(arch, run) else 0)  # forward, recomputed, grad hidden, grad weight
+    return [Kernels(tiles * gemms, flops=gemm), Kernels(tiles, bytes=cells * LOSS_TILE_BYTES.bytes_fwd),
+            Kernels(tiles, bytes=cells * LOSS_TILE_BYTES.bytes_bwd)]
+
+
+def _sharded_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
+    """FSDP's and ZeRO's per-micro-batch parameter gathers and gradient reductions on this GPU, layer by layer. The
+    collectives' own traffic between GPUs is communication: not modelled."""
+    layout, L = run.layout, arch.num_layers
+    P = adapters.trainable_params(arch, run)
+    W = layout.shard_group
+    if layout.sharding == "fsdp":
+        gathers = 2 if run.fsdp_reshard_after_forward else 1
+        base = arch.num_params if run.adapter is None else P  # a frozen base is gathered as stored: counted as P
+        gather = (FSDP_GATHER[0] * base + FSDP_GATHER[1] * base / W) / L / FSDP_GATHER[2]
+        reduce = (FSDP_REDUCE[0] * P + FSDP_REDUCE[1] * P / W) / L / FSDP_REDUCE[2]
+        return [Kernels(L * gathers * FSDP_GATHER[2], bytes=gather), Kernels(L * FSDP_REDUCE[2], bytes=reduce)]
+    if layout.sharding == "zero":
+        nbytes = (2 * ZERO3_GATHER_BYTES * arch.num_params if layout.zero_stage == 3 else 0) + ZERO_REDUCE_BYTES * P
+        return [Kernels(L, bytes=nbytes / L)]
+    return []
+
+
+def _step_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
+    """The kernels once per optimizer step: gradient accumulation's adds (micro-batches after the first, one kernel
+    per parameter tensor), the optimizer step and gradient clipping (fused, bandwidth-bound). An optimizer in host
+    memory steps there: not counted."""
+    from launch.memory.terms import _param_bytes, fsdp2_sharded_bytes_per_param  # the trained dtype, one source
+
+    layout = run.layout
+    P = adapters.trainable_params(arch, run)
+    W = layout.shard_group
+    local = P / W if layout.sharding in ("fsdp", "zero") else P
+    state = fsdp2_sharded_bytes_per_param(run) if layout.sharding == "fsdp" else _param_bytes(run)
+    grads = local if layout.sharding == "fsdp" or (layout.sharding == "zero" and layout.zero_stage >= 2) else P
+    tensors = arch.num_layers * (2 * len(_wrapped(arch, run)) if run.adapter is not None
+                                 else len(arch.linear_layers()) + 2) + 2
+    out = []
+    if layout.gradient_accumulation_steps > 1:
+        out.append(Kernels((layout.gradient_accumulation_steps - 1) * tensors,
+                           bytes=ACCUMULATE_ACCESSES * state * grads / tensors))
+    optimizer = 0.0
+    if layout.sharding == "zero":
+        optimizer = 0.0 if layout.offload_optimizer else DEEPSPEED_STEP_BYTES * local
+    elif not layout.offload_params:
+        optimizer = ADAMW_ACCESSES * state * local
+    return out + [Kernels(1, bytes=optimizer + CLIP_ACCESSES * state * grads)]
+
+
+def host_link_bytes(arch: Architecture, run: RunShape) -> float:
+    """Bytes crossing the host link in one optimizer step: offloaded checkpoints out and back per micro-batch;
+    offloaded 16-bit parameters in for the forward and the backward; an offloaded optimizer's gradients out and
+    parameters back once per step."""
+    layout = run.layout
+    total = 0.0
+    if run.gradient_checkpointing and run.offload_activations:
+        hidden = layout.tokens_per_rank * arch.hidden_size * run.act_bytes
+        total += 2 * arch.num_layers * hidden * layout.gradient_accumulation_steps
+    W = layout.shard_group
+    if layout.offload_params:
+        total += 2 * 2 * arch.num_params / W * layout.gradient_accumulation_steps
+    if layout.offload_optimizer:
+        total += 2 * 2 * adapters.trainable_params(arch, run) / W
+    return total
+
+
+def step_kernels(arch: Architecture, run: RunShape) -> list[tuple[Kernels, int]]:
+    """Every kernel group of one optimizer step, with how many times it runs in the step (per micro-batch groups
+    once per micro-batch)."""
+    steps = run.layout.gradient_accumulation_steps
+    return [(k, steps) for k in _micro_batch_kernels(arch, run)] + [(k, 1) for k in _step_kernels(arch, run)]
+
+
+def step_seconds(groups: list[tuple[Kernels, int]], host_bytes: float, peak: float, rates: Rates) -> dict:
+    """The step's time by part: "matmul" (GEMMs and attention), "memory-bound", "kernel issue", "host link"."""
+    parts = [0.0, 0.0, 0.0]
+    for kernels, times in groups:
+        for i, s in enumerate(rates.seconds(kernels, peak)):
+            parts[i] += s * times
+    return {"matmul": parts[0], "memory-bound": parts[1], "kernel issue": parts[2],
+            "host link": host_bytes / rates.host_link}
+
+
+def predict(arch: Architecture, run: RunShape, peak_flops: float | None = None, rates: Rates | None = None) \
+        -> StepCost:
+    """The predicted step of `run` on one GPU whose dense BF16 peak is `peak_flops` (default: an H100 SXM, the
+    calibration's GPU), at the calibrated rates (or `rates`)."""
+    peak = peak_flops or H100_PEAK
+    seconds = step_seconds(step_kernels(arch, run), host_link_bytes(arch, run), peak, rates or Rates())
+    return StepCost(sum(seconds.values()), run.layout.tokens_per_rank * run.layout.gradient_accumulation_steps,
+                    seconds, flops_per_token(arch, run), peak)
+
+
+# ---- calibration --------------------------------------------------------------------------------------------------
+def row_run(row: calibration.MeasuredRow, dtype: str | None = None) -> tuple[Architecture, RunShape]:
+    """(architecture, run shape) of a measured row: its recipe's configs on the row's process count, synthetic, at
+    the row's model, length, batch layout, Liger, checkpointing and load dtype (as the measurement ran it; `dtype`:
+    another load dtype, e.g. the recipe's own today)."""
+    from launch.facts import hub
+    from launch.recipe.discovery import find_recipe
+
+    arch = Architecture.from_config(hub.read_model_config(str(hub.SHIPPED_CONFIGS / row.model)).config)
+    recipe = find_recipe(row.recipe)
+    training = {**recipe.config, "max_length": row.max_length, "use_liger_kernel": row.liger,
+                "per_device_train_batch_size": row.per_device_train_batch_size,
+                "gradient_accumulation_steps": row.gradient_accumulation_steps, "synthetic": True,
+                "dtype": dtype or row.dtype,
+                "activation_checkpointing": row.checkpointing == "transformers",
+                "activation_checkpointing_kwargs": {"offload": row.offload} if row.checkpointing == "transformers"
+                else {}}
+    accelerate = {**recipe.accelerate, "num_processes": row.num_processes}
+    if fsdp := recipe.accelerate.get("fsdp_config"):
+        accelerate["fsdp_config"] = {**fsdp, "fsdp_activation_checkpointing": row.checkpointing == "fsdp",
+                                     "fsdp_activation_checkpointing_offload": row.checkpointing == "fsdp"
+                                     and row.offload}
+    return arch, RunShape.from_configs(accelerate, training)
+
+
+def row_errors(rows=None, rates: Rates | None = None) -> list[tuple[calibration.MeasuredRow, StepCost, float]]:
+    """(row, prediction, predicted / measured step time - 1) for each measured row."""
+    out = []
+    for row in rows or calibration.MEASURED_ROWS:
+        arch, run = row_run(row)
+        cost = predict(arch, run, row.peak_flops, rates)
+        out.append((row, cost, cost.step_s / row.step_s - 1))
+    return out
+
+
+def fit(rows=None) -> Rates:
+    """The rates that best fit the `fit` rows of `calibration.MEASURED_ROWS` (the matmul fraction and the host link
+    stay as measured / specified). The memory-bound bandwidth and the issue time: least squares of log(predicted /
+    measured step time) over the rows measured at ordinary lengths, on a grid of 10 GB/s and 0.5 microseconds (the
+    precision `launch.facts.calibration` holds them at) around a coarse search. The attention fraction: the long-context
+    row, whose step is almost all attention, matched exactly (bisection; 0.01). Alternated until they settle."""
+    rows = [r for r in (rows or calibration.MEASURED_ROWS) if r.fit]
+    prepared = []
+    for row in rows:
+        arch, run = row_run(row)
+        prepared.append((row, step_kernels(arch, run), host_link_bytes(arch, run)))
+    short = [p for p in prepared if not p[0].long_context]
+    long = [p for p in prepared if p[0].long_context]
+
+    def time(p, rates: Rates) -> float:
+        return sum(step_seconds(p[1], p[2], p[0].peak_flops or H100_PEAK, rates).values())
+
+    def loss(rates: Rates) -> float:
+        return sum(math.log(time(p, rates) / p[0].step_s) ** 2 for p in short)
+
+    rates = Rates()
+    bw, issue = min(((b * 1e11, i * 5e-6) for b in range(5, 41) for i in range(0, 21)),
+                    key=lambda g: loss(replace(rates, bandwidth=g[0], issue_s=g[1])))
+    for _ in range(3):
+        fine = [(bw + db * 1e10, issue + di * 5e-7) for db in range(-10, 11) for di in range(-10, 11)
+                if bw + db * 1e10 > 0 and issue + di * 5e-7 >= 0]
+        bw, issue = min(fine, key=lambda g: loss(replace(rates, bandwidth=g[0], issue_s=g[1])))
+        rates = replace(rates, bandwidth=round(bw / 1e10) * 1e10, issue_s=round(issue * 2e6) / 2e6)
+        if long:
+            lo, hi = 0.05, 1.0  # a slower attention (smaller fraction) makes the step longer
+            for _ in range(40):
+                mid = (lo + hi) / 2
+                slow = sum(time(p, replace(rates, attention=mid)) / p[0].step_s for p in long) / len(long) > 1
+                lo, hi = (mid, hi) if slow else (lo, mid)
+            rates = replace(rates, attention=round((lo + hi) / 2, 2))
+    return rates
