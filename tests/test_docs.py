@@ -86,6 +86,18 @@ def test_launch_has_no_import_cycle_and_at_most_nine_floors():
         + ", ".join(f"{n} {floor[n]}" for n in top))
 
 
+def test_no_import_cycle_between_the_modules_of_launch_inside_a_folder_either():
+    assert floors.module_cycle() == []
+
+
+def test_a_cycle_inside_a_folder_is_found(tmp_path):
+    pkg = write(tmp_path / "pkg", {"__init__.py": "", "sub/__init__.py": "from pkg.sub import a\n",
+                                   "sub/a.py": "def f():\n    from pkg.sub.b import g\n",
+                                   "sub/b.py": "from . import a\n"})
+    assert floors.floors(pkg) == {"sub/": 1}  # one room: the floors cannot see it
+    assert floors.module_cycle(pkg) == ["pkg.sub.a", "pkg.sub.b", "pkg.sub.a"]
+
+
 def write(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)

@@ -22,9 +22,10 @@ LAUNCH_DIR = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class Room:
-    name: str  # "runner.py" or "memory/"
+    name: str  # "errors.py" or "memory/"
     imports: frozenset[str]  # the other rooms it imports
     doc: str  # the first sentence of its docstring (a folder: its __init__.py's)
+    modules: tuple[str, ...] = ()  # a folder's modules and subfolders ("plan.py", "rules/"); a module: none
 
 
 def _sources(path: Path) -> list[Path]:
@@ -76,12 +77,68 @@ def _first_sentence(path: Path) -> str:
     return paragraph.split(". ")[0].rstrip(".:") + "." if paragraph else ""
 
 
+def _modules(path: Path) -> tuple[str, ...]:
+    if path.is_file():
+        return ()
+    return tuple(sorted(p.name for p in path.iterdir() if p.suffix == ".py" and p.name != "__init__.py")
+                 + sorted(p.name + "/" for p in path.iterdir() if p.is_dir() and (p / "__init__.py").is_file()))
+
+
 def rooms(root: Path = LAUNCH_DIR) -> dict[str, Room]:
     out = {}
     for name, path in _room_paths(root).items():
         imports = set().union(*(_imported_rooms(p, root) for p in _sources(path))) - {name}
-        out[name] = Room(name, frozenset(imports), _first_sentence(path))
+        out[name] = Room(name, frozenset(imports), _first_sentence(path), _modules(path))
     return out
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(source: Path, root: Path, known: set[str]) -> set[str]:
+    """The modules of the package a file imports: `from launch.memory import plan` is launch.memory.plan when that
+    is a module, else the package's face launch.memory (its __init__.py)."""
+    package = [root.name, *source.parent.relative_to(root).parts]
+    found = set()
+    for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"), filename=str(source))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + (node.module.split(".") if node.module else []))
+            found |= {f"{module}.{a.name}" if f"{module}.{a.name}" in known else module for a in node.names}
+    return {name for name in found if name in known}
+
+
+def module_cycle(root: Path = LAUNCH_DIR) -> list[str]:
+    """An import cycle between the modules of the package, inside a folder too (the names in it, the first one
+    repeated at the end); [] when there is none. The floors see folders whole; this sees each module."""
+    sources = {_module_name(p, root): p for p in _sources(root)}
+    known = set(sources)
+    graph = {name: _imported_modules(path, root, known) - {name} for name, path in sources.items()}
+    state: dict[str, int] = {}  # 1 on the path being walked, 2 done
+    path: list[str] = []
+
+    def walk(name: str) -> list[str]:
+        state[name] = 1
+        path.append(name)
+        for other in sorted(graph[name]):
+            if other.startswith(name + "."):  # a package's face importing its own modules: not a cycle
+                continue
+            if state.get(other) == 1:
+                return path[path.index(other):] + [other]
+            if other not in state and (cycle := walk(other)):
+                return cycle
+        path.pop()
+        state[name] = 2
+        return []
+
+    for name in sorted(graph):
+        if name not in state and (cycle := walk(name)):
+            return cycle
+    return []
 
 
 def floors(root: Path = LAUNCH_DIR) -> dict[str, int]:
@@ -111,11 +168,13 @@ def floor_table(root: Path = LAUNCH_DIR) -> str:
     """The markdown table of docs/architecture.md: rooms from the top floor down."""
     found, floor = rooms(root), floors(root)
     order = sorted(found, key=lambda name: (-floor[name], name))
-    lines = [f"{max(floor.values(), default=0)} floors, no import cycle (computed from the imports by "
-             "`launch/catalog/floors.py`).", "",
-             "| floor | module | imports (of `launch/`) | what it holds (its docstring) |", "|---|---|---|---|"]
+    lines = [f"{max(floor.values(), default=0)} floors, no import cycle between rooms or between modules (computed "
+             "from the imports by `launch/catalog/floors.py`).", "",
+             "| floor | room | its modules | imports (of `launch/`) | what it holds (its docstring) |",
+             "|---|---|---|---|---|"]
     for name in order:
         imports = ", ".join(f"`{other}`" for other in sorted(found[name].imports, key=lambda o: (-floor[o], o)))
+        modules = ", ".join(f"`{m.removesuffix('.py')}`" for m in found[name].modules)
         doc = found[name].doc.replace("|", "\\|")  # a pipe would end the table's cell
-        lines.append(f"| {floor[name]} | `{name}` | {imports or 'nothing'} | {doc} |")
+        lines.append(f"| {floor[name]} | `{name}` | {modules or '-'} | {imports or 'nothing'} | {doc} |")
     return "\n".join(lines) + "\n"
