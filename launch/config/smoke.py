@@ -140,25 +140,14 @@ def build_examples(split: str = "train") -> list[dict]:
     return examples
 
 
-def ensure_smoke_assets(progress=print) -> dict[str, str]:
-    """Build (once) and return the paths of the smoke model and dataset."""
-    target = smoke_dir()
-    if (target / "COMPLETE").exists():
-        return {"model": str(model_dir()), "data": str(data_dir())}
-    progress(f"building the smoke model and dataset in {target} (offline, deterministic)")
+def _build_once(target: Path, prefix: str, write) -> None:
+    """Build a folder once, whole or not at all: `write(tmp)` fills a temporary folder beside `target`, marked
+    COMPLETE, then renamed to `target` in one step; a process that loses the race to another drops its copy (the
+    two are identical: built by the same code from the same spec)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
     try:
-        tokenizer = build_tokenizer()
-        model = build_model(tokenizer)
-        model.save_pretrained(tmp / "model", safe_serialization=True)
-        tokenizer.save_pretrained(tmp / "model")
-        (tmp / "data").mkdir()
-        for split in ("train", "test"):
-            with open(tmp / "data" / f"{split}.jsonl", "w") as f:
-                for ex in build_examples(split):
-                    f.write(json.dumps(ex) + "\n")
-        (tmp / "spec.json").write_text(json.dumps(SMOKE_SPEC, indent=2))
+        write(tmp)
         (tmp / "COMPLETE").write_text("")
         try:
             tmp.rename(target)
@@ -167,6 +156,27 @@ def ensure_smoke_assets(progress=print) -> dict[str, str]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ensure_smoke_assets(progress=print) -> dict[str, str]:
+    """Build (once) and return the paths of the smoke model and dataset."""
+    target = smoke_dir()
+    if not (target / "COMPLETE").exists():
+        progress(f"building the smoke model and dataset in {target} (offline, deterministic)")
+
+        def write(tmp: Path) -> None:
+            tokenizer = build_tokenizer()
+            model = build_model(tokenizer)
+            model.save_pretrained(tmp / "model", safe_serialization=True)
+            tokenizer.save_pretrained(tmp / "model")
+            (tmp / "data").mkdir()
+            for split in ("train", "test"):
+                with open(tmp / "data" / f"{split}.jsonl", "w") as f:
+                    for ex in build_examples(split):
+                        f.write(json.dumps(ex) + "\n")
+            (tmp / "spec.json").write_text(json.dumps(SMOKE_SPEC, indent=2))
+
+        _build_once(target, ".build-", write)
     return {"model": str(model_dir()), "data": str(data_dir())}
 
 
@@ -176,10 +186,9 @@ def bf16_model_dir() -> Path:
 
 def ensure_bf16_model(progress=print) -> str:
     """Build (once) and return a copy of the smoke model whose weights are stored in bf16: what a bf16 smoke run
-    loads (launch.config.profiles), as real checkpoints are bf16. A run that loads it in fp32 (the ddp recipe's fp32
-    masters)
-    and one that loads it in bf16 (ZeRO, FSDP2) then start from the same weights; from the fp32 smoke model they
-    would not (bf16 rounds them). Same tokenizer and config, `dtype` bfloat16."""
+    loads (launch.config.profiles), as real checkpoints are bf16. A run that loads it in fp32 (the ddp recipe's
+    fp32 masters) and one that loads it in bf16 (ZeRO, FSDP2) then start from the same weights; from the fp32 smoke
+    model they would not (bf16 rounds them). Same tokenizer and config, `dtype` bfloat16."""
     target = bf16_model_dir()
     if (target / "COMPLETE").exists():
         return str(target)
@@ -188,8 +197,8 @@ def ensure_bf16_model(progress=print) -> str:
 
     source = Path(ensure_smoke_assets(progress=progress)["model"])
     progress(f"writing the smoke model's bf16 copy in {target}")
-    tmp = Path(tempfile.mkdtemp(prefix=".build-bf16-", dir=target.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         for f in source.iterdir():
             if f.suffix == ".safetensors":
                 save_file({k: v.to(torch.bfloat16) for k, v in load_file(f).items()}, tmp / f.name,
@@ -199,16 +208,9 @@ def ensure_bf16_model(progress=print) -> str:
                 (tmp / f.name).write_text(json.dumps({**config, "dtype": "bfloat16"}, indent=2))
             else:
                 shutil.copy2(f, tmp / f.name)
-        (tmp / "COMPLETE").write_text("")
-        try:
-            tmp.rename(target)
-        except OSError:  # another process won the race; its copy is identical
-            shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return str(target)
 
+    _build_once(target, ".build-bf16-", write)
+    return str(target)
 
 if __name__ == "__main__":
     print(json.dumps(ensure_smoke_assets(), indent=2))
