@@ -23,9 +23,9 @@ Sections (`--only`):
   Each row says its recipe and layout, what the rank ran (attention implementation and the SDPA backend its
   dispatcher picked, checkpointing mode, Liger; `launch.rank.measure.run_setup`), the median and min-max of the
   per-step time and tokens/s per GPU, MFU in both conventions, peak memory against the planner, and the published
-  figure it is set against (`PUBLISHED`, from /work/shared/REFERENCE.md only, with its convention; "none published"
-  where there is none). A run the planner predicts does not fit is refused by the launcher and reported as such
-  (`--force` runs it anyway);
+  figure it is set against (`PUBLISHED`: a published figure, with its public source and its convention; "none
+  published" where there is none). A run the planner predicts does not fit is refused by the launcher and reported
+  as such (`--force` runs it anyway);
 - alst: Llama-3.1-8B's architecture on alst-ulysses-8gpu with one process and sp 1 (ZeRO-3 with the optimizer in
   host memory, tiled MLP, checkpoint offload): `python -m launch bench ... --max-length auto` searches the longest
   length that trains, beside ALST's published 500K tokens on one H100 and the planner's figure (`python -m launch
@@ -99,15 +99,15 @@ class Row:
         return " ".join([self.recipe, *self.options] + ([f"({self.variant})"] if self.variant else []))
 
 
-# The speed settings the rows of launch/facts/calibration.py were measured with (/work/shared/GPU-MEASURED.md:
-# activation
-# checkpointing on, Liger off, each recipe's batch layout then), which the recipes' GPU defaults no longer use (`plan
-# --fastest` chose others): pinned, so that these rows stay comparable with the measured ones. fsdp2 checkpointed
-# FSDP's way then (an Accelerate setting no training argument reaches); transformers' way here: the same recomputation.
+# The speed settings the H100 rows of launch/facts/calibration.py (MEASURED_ROWS; reports in benchmarks/results/) were
+# measured with: activation checkpointing on, Liger off, each recipe's batch layout then, which the recipes' GPU
+# defaults no longer use (`plan --fastest` chose others): pinned, so that these rows stay comparable with the measured
+# ones. fsdp2 checkpointed FSDP's way then (an Accelerate setting no training argument reaches); transformers' way
+# here: the same recomputation.
 AS_MEASURED = ("--activation_checkpointing", "true", "--use_liger_kernel", "false")
 
 # --quick, in this order: one row per recipe family at one size, three of them the rows measured on an H100 before
-# (/work/shared/GPU-MEASURED.md: Qwen3-1.7B ddp 2K, Qwen3-4B fsdp2 4K, Qwen3-8B lora 4K, so a new GPU or stack is
+# (calibration.py's MEASURED_ROWS: Qwen3-1.7B ddp 2K, Qwen3-4B fsdp2 4K, Qwen3-8B lora 4K, so a new GPU or stack is
 # set against a known figure at once), each followed by the same row with `--fastest` (the speed settings the
 # planner and the throughput model choose for this GPU: the speed-up measured, not predicted), and the two set
 # against a published one-H100 figure (`PUBLISHED`: NeMo's 8B LoRA at 4K, the Ulysses blog's Qwen3-4B ZeRO-3 at 8K).
@@ -133,23 +133,24 @@ def ordered(rows: list[Row]) -> list[Row]:
 
 # Everything: the QUICK rows, then every model x length x recipe of the one-GPU layouts.
 ROWS = QUICK + [Row(model, recipe, length) for model in MODELS for length in LENGTHS for recipe in RECIPES]
-_FOUNDRY = ("llm-foundry's {size} model, bf16, 8 x H100, FSDP (REFERENCE.md, Throughput conventions: llm-foundry "
+_FOUNDRY = ("llm-foundry's {size} model, bf16, 8 x H100, FSDP (github.com/mosaicml/llm-foundry, "
             "scripts/train/benchmarking/README.md); another model of the nearest published size, on 8 GPUs")
 # The published figure each throughput row is set against: (models, recipes, max_length, kind, value, source), ONLY
-# from /work/shared/REFERENCE.md (the line cited in source). kind "mfu": a non-causal MFU (torchtitan's convention),
-# set against our "MFU non-causal" column; "tokens/s": tokens per second per GPU, against our tokens/s/GPU column.
+# published figures, each with its public source in `source` (printed under the report's table). kind "mfu": a
+# non-causal MFU (torchtitan's convention), set against our "MFU non-causal" column; "tokens/s": tokens per second
+# per GPU, against our tokens/s/GPU column.
 # A row no entry matches prints "none published".
 PUBLISHED = [
     ({"Qwen3-1.7B"}, FULL_FINE_TUNES, 2048, "mfu", 0.418, _FOUNDRY.format(size="1B")),
     ({"Qwen3-1.7B"}, FULL_FINE_TUNES, 8192, "mfu", 0.377, _FOUNDRY.format(size="1B")),
     ({"Qwen3-4B"}, {"zero3"}, 8192, "tokens/s", 2436, "Hugging Face Ulysses blog: Qwen3-4B, 1 x H100 80GB at 8K, "
-     "ZeRO-3 + gradient checkpointing + FA2, 76.4 GB (REFERENCE.md, Published results; its text says CPU optimizer "
+     "ZeRO-3 + gradient checkpointing + FA2, 76.4 GB (huggingface.co/blog/ulysses-sp; its text says CPU optimizer "
      "offload, its numbers imply the optimizer on the GPU)"),
     ({"Qwen3-4B"}, {"ddp", "fsdp2"}, 8192, "mfu", 0.403, _FOUNDRY.format(size="3B")),
     ({"Qwen3-8B"}, FULL_FINE_TUNES, 2048, "mfu", 0.464, _FOUNDRY.format(size="7B")),
     ({"Qwen3-8B"}, FULL_FINE_TUNES, 8192, "mfu", 0.371, _FOUNDRY.format(size="7B")),
     ({"Qwen3-8B"}, {"lora"}, 4096, "tokens/s", 12473, "NeMo Automodel performance summary: Llama-3-8B LoRA, 1 x H100 "
-     "at 4,096 tokens, 402 TFLOP/s (REFERENCE.md, FSDP2, LoRA/QLoRA: throughput anchors); another 8B model"),
+     "at 4,096 tokens, 402 TFLOP/s (docs.nvidia.com/nemo/automodel, Performance Summary); another 8B model"),
 ]
 PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "trl", "datasets", "flash-attn", "kernels")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -480,7 +481,8 @@ def flops_per_step(row: Row, folder: Path, a) -> float:
 
 
 # A row's wall time before this check has measured one: the longest launcher run per row on an H100 so far
-# (/work/shared/GPU-MEASURED.md: 36-62 s per row, 2 warm-up + 6 measured steps, 20-37 s of it before the first step).
+# (the H100 run of launch/facts/calibration.py, reported in benchmarks/results/: 36-62 s per row, 2 warm-up + 6
+# measured steps, 20-37 s of it before the first step).
 FIRST_ROW_S = 62
 
 
@@ -634,7 +636,7 @@ def throughput_section(rows: list[dict], a) -> list[str]:
                  *(_mem(mem.get(k)) for k in keys), cell, r["result"]]
         lines.append("| " + " | ".join(cells) + " |")
     if notes:
-        lines += ["", "Published references (from /work/shared/REFERENCE.md; \"none published\": it has none for that "
+        lines += ["", "Published references (each with its public source; \"none published\": none is known for that "
                       "model, recipe and length):"] + [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
     mfu_notes = {r["mfu_note"] for r in rows if r.get("mfu_note")}
     lines += [""] + [f"MFU not given: {n}." for n in sorted(mfu_notes)] if mfu_notes else []
@@ -692,7 +694,7 @@ def markdown(env: dict, doctor: dict | None, rows: list[dict], alst: dict | None
 
 # ---- main -----------------------------------------------------------------------------------------------------------
 QUICK_BUDGET_S = 480  # --quick's default --budget-s: 8 minutes (README.md: the estimate it is set from)
-QUICK_STEPS = 6  # --quick's measured steps: as the rows measured before (GPU-MEASURED.md: 2 warm-up + 6)
+QUICK_STEPS = 6  # --quick's measured steps: as the H100 rows measured before (calibration.py: 2 warm-up + 6)
 
 
 def parse(argv):
