@@ -83,8 +83,8 @@ def adapter_folder(folder: RunFolder, allow_quantized: bool = False) -> Path:
 
 
 def adapter_files_problem(folder: RunFolder) -> str | None:
-    """PEFT's adapter files in final/ cut short or missing (issue 36: each was a traceback from PEFT or safetensors
-    after the base had loaded): its config must be a JSON object, its weights whole."""
+    """PEFT's adapter files in final/ cut short or missing (unchecked, each is a traceback from PEFT or
+    safetensors after the base has loaded): its config must be a JSON object, its weights whole."""
     final = folder.final
     found = []
     try:

@@ -1,6 +1,6 @@
 """The run's adapter (LoRA / QLoRA), read once from the merged training arguments.
 
-Adapters are a property of the run like precision (DESIGN.md): `Adapter.from_training(training)` reads TRL's
+Adapters are a property of the run like precision: `Adapter.from_training(training)` reads TRL's
 `ModelConfig` fields (trl/trainer/model_config.py, TRL 1.16) into one frozen value; the memory model (through
 `RunShape.adapter`), the resume identity, the final save and the rules read it from there and from nowhere else.
 

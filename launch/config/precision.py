@@ -2,10 +2,9 @@
 computes in, and, per strategy, the dtype its trainable parameters, gradients and optimizer states are kept in and
 where the fp32 master weights the optimizer updates live (or that there are none: pure 16-bit training).
 
-Precision is a property of the run like the adapter (DESIGN.md): `Precision.resolve` reads it once; `Setup.precision`
-(launch.run.resolve) holds it for the rules (`launch.checks.rules.pure_16bit_update_rounds_away`) and the dry run, and
-the
-memory model's `RunShape.precision` is the same resolution (its bytes per parameter come from here).
+Precision is a property of the run like the adapter: `Precision.resolve` reads it once; `Setup.precision`
+(launch.run.resolve) holds it for the rules (`launch.checks.rules.pure_16bit_update_rounds_away`) and the dry run,
+and the memory model's `RunShape.precision` is the same resolution (its bytes per parameter come from here).
 
 What each strategy does with a model loaded in `dtype` under the Trainer's `bf16: true`, read in the pinned sources
 (accelerate 1.15, deepspeed 0.19.8, torch 2.13, peft 0.21.2, trl 1.16):

@@ -4,7 +4,7 @@ DeepSpeed behaviour avoided (0.19.8, `deepspeed/comm/torch.py`): `TorchBackend._
 `deepspeed.init_distributed` when the Trainer builds its Accelerator) calls `build_shm_op()`, which on DeepSpeed's
 CPU accelerator JIT-compiles the C++ op `deepspeed_shm_comm` (csrc/cpu/comm/shm*.cpp, through
 torch.utils.cpp_extension, into ~/.cache/torch_extensions/py311_cpu) whenever `deepspeed.ops.__compatible_ops__`
-lists it as compatible: 35 s on an idle 2-core machine (measured), about 3 minutes on a loaded one (issue 24), in
+lists it as compatible: 35 s on an idle 2-core machine (measured), about 3 minutes on a loaded one, in
 which the run prints nothing until "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully"; later
 runs load the cached build. The op serves only `TorchBackend.inference_all_reduce` (DeepSpeed inference and AutoTP's
 inference mode). Training's collectives (ZeRO's all-gather and reduce-scatter, the gradient all-reduce) are

@@ -165,7 +165,7 @@ def rope_parameters(config) -> dict:
     return params
 
 
-# ---- a model checked the way the ranks will load it (issue 27: each of these started ranks that died 40-65 s later) --
+# ---- a model checked the way the ranks will load it (unchecked, each of these starts ranks that die 40-65 s later) --
 # A parameter count no machine holds: 10^13 parameters are 20 TB in bf16 (the largest open models have ~10^12); a
 # typo in config.json (hidden_size 409600) gives such counts, and random init or loading would run out of memory.
 MAX_PARAMETERS = 10**13

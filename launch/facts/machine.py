@@ -32,8 +32,7 @@ def installed_versions(names=REPORTED) -> dict[str, str | None]:
     return out
 
 
-# ---- probes of what an optional setting needs here (issue 33; read by launch.checks.rules, each only when its setting
-# is on)
+# ---- probes of what an optional setting needs here (read by launch.checks.rules, each only when its setting is on)
 def jit_build_tools() -> dict[str, str | None]:
     """What compiling a C++ extension at first use needs (`torch.utils.cpp_extension.load`, through which DeepSpeed
     builds its JIT ops), each found (where) or None: the `ninja` binary on PATH (torch runs `ninja`, found on the PATH
