@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from launch import memory
+from launch.facts import gpus
 from launch.speed import measured as throughput
 from launch.rank import measure
 from launch.__main__ import main
@@ -75,7 +76,7 @@ def test_the_two_conventions_differ_as_published():
     ("NVIDIA GeForce RTX 4090", None), ("cpu", None),
 ])
 def test_gpu_peak_table(name, peak):
-    assert throughput.gpu_peak_flops(name) == peak
+    assert gpus.peak_bf16(name) == peak
 
 
 # ---- the ranks' callback, driven on CPU -----------------------------------------------------------------------------

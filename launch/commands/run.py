@@ -7,9 +7,9 @@ import dataclasses
 import math
 
 from launch.config import profiles
-from launch.facts import hub
+from launch.facts import gpus, hub
 from launch.run import runner
-from launch.speed import fastest, measured as throughput
+from launch.speed import fastest
 from launch.commands import command, overview
 from launch.errors import LaunchError
 from launch.facts.machine import gpu_info
@@ -52,7 +52,7 @@ def fastest_setup(options, setup):
         say("--fastest: nothing chosen: the model's architecture was not read (the planner needs its config.json)")
         return setup, None
     found = fastest.search(setup, plan, liger_installed=fastest.liger_on_this_machine(gpu_count),
-                           peak_flops=throughput.gpu_peak_flops(names[0]) if names else None)
+                           peak_flops=gpus.peak_bf16(names[0]) if names else None)
     print(fastest.describe(found), flush=True)
     if found.chosen is None:
         say("--fastest: no candidate fits this machine; the run keeps its own settings")

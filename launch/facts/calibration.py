@@ -2,17 +2,25 @@
 PyTorch's allocator, the allocator's reserve per strategy (both read by the memory model, `launch.memory`), and the
 throughput model's constants (`launch.speed.model`), with the measured rows they come from as data.
 
-Pure data and arithmetic, no I/O, nothing imported: the memory model and the throughput model import it.
+Pure data and arithmetic, no I/O: the memory model and the throughput model import it. It imports only the GPU
+table (`launch.facts.gpus`: the calibration GPU and its peak).
 
 Where the figures come from: the repository's first GPU run (`H100_2026_11_27`), the one-GPU check
 (`benchmarks/gpu/check.py` throughput rows at main e8d8fc4): one process, synthetic inputs (random weights, random
 tokens of exactly max_length), 2 warm-up + 6 measured steps, each recipe's own settings (activation checkpointing on;
-FSDP's own for fsdp2), SDPA (the dispatcher picked cuDNN in every row). A constant measured elsewhere says so.
+FSDP's own for fsdp2), SDPA (the dispatcher picked cuDNN in every row). Its machine and every row it measured are in
+`RESULTS` (benchmarks/results/h100-2026-11-27.json, and its table in the .md beside it); `MEASURED_ROWS` below holds
+the rows the throughput model is fitted to and checked against. A constant measured elsewhere says so.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from launch.facts import gpus
+
+# The first GPU run's report, in the repository: the machine, its software, and each row as measured.
+RESULTS = "benchmarks/results/h100-2026-11-27.json"
 
 
 @dataclass(frozen=True)
@@ -33,7 +41,8 @@ H100_2026_11_27 = Source(
              "trl 1.16.0, datasets 5.2.0, peft 0.21.2, deepspeed 0.19.8, liger-kernel 0.8.5, Python 3.12.3",
     date="2026-11-27",
     how="benchmarks/gpu/check.py throughput rows (main at e8d8fc4): one process, synthetic inputs, 2 warm-up + 6 "
-        "measured steps, each recipe's own settings (activation checkpointing on), SDPA (cuDNN)",
+        "measured steps, each recipe's own settings (activation checkpointing on), SDPA (cuDNN); every row in "
+        + RESULTS,
 )
 
 # =====================================================================================================================
@@ -42,15 +51,13 @@ H100_2026_11_27 = Source(
 # The device memory in use (the driver's `cudaMemGetInfo` total - free) minus PyTorch's peak reserved bytes, in every
 # row of H100_2026_11_27: 1.30 GiB (CUDA context, cuBLAS/cuBLASLt and cuDNN workspaces, kernel images of this stack).
 # The planner counted 0.5 GiB before this measurement. One process: NCCL's buffers come on top (not measured here).
-CUDA_CONTEXT_GIB = 1.30
-CUDA_CONTEXT_SOURCE = H100_2026_11_27
+CUDA_CONTEXT_GIB = 1.30  # source: H100_2026_11_27 (device in use - peak reserved, every row of RESULTS)
 
 # Peak reserved / peak allocated (torch.cuda.max_memory_reserved / max_memory_allocated), per strategy, without
 # `expandable_segments:True` (H100_2026_11_27): DDP and one process 1.03-1.05 (Qwen3-0.6B/1.7B ddp, Qwen3-8B lora),
 # FSDP2 1.09-1.12 (Qwen3-1.7B at 2K, Qwen3-4B at 4K). The planner plans the upper end of each range. Keyed by
 # `Layout.sharding`.
-RESERVED_OVER_ALLOCATED = {"replicated": 1.05, "fsdp": 1.12}
-RESERVED_OVER_ALLOCATED_SOURCE = H100_2026_11_27
+RESERVED_OVER_ALLOCATED = {"replicated": 1.05, "fsdp": 1.12}  # source: H100_2026_11_27 (the rows of RESULTS)
 # Where nothing was measured (DeepSpeed ZeRO; any run with expandable segments): the published bound the planner used
 # before -- the Hugging Face Ulysses blog's one-GPU Qwen3-4B ZeRO-3 run peaked at 76.4 GiB allocated on an H100 whose
 # capacity is 79.1 GiB, so its reserve was at most (79.1 - 0.5 - 76.4) / 76.4 = 2.9%; 2% planned. Not measured here.
@@ -68,31 +75,34 @@ def reserved_over_allocated(sharding: str, expandable_segments: bool) -> float:
 # =====================================================================================================================
 # Throughput (read by launch/speed/model.py)
 # =====================================================================================================================
-# A bf16 8192 x 8192 x 8192 matmul ran at 775 TFLOP/s on the H100 of H100_2026_11_27, against its 989 TFLOP/s dense
-# peak: the fraction of the peak a large GEMM reaches, used for every matmul and attention FLOP of a step.
-MATMUL_FRACTION_OF_PEAK = 775 / 989
-MATMUL_SOURCE = H100_2026_11_27
+# A bf16 8192 x 8192 x 8192 matmul ran at 775 TFLOP/s on the H100 of H100_2026_11_27 (RESULTS, "matmul"), against
+# the calibration GPU's dense peak (launch.facts.gpus): the fraction of the peak a large GEMM reaches, used for every
+# matmul and attention FLOP of a step.
+MATMUL_FLOPS = 775e12  # source: H100_2026_11_27
+MATMUL_FRACTION_OF_PEAK = MATMUL_FLOPS / gpus.CALIBRATION_PEAK
 
 # Fitted by `throughput_model.fit` (the rest of the model is counted, not fitted), to the FIT rows of MEASURED_ROWS
 # below: the bandwidth the memory-bound kernels reach (bytes/s; the H100 SXM's HBM3 peak is 3.35 TB/s) and the floor
 # under every kernel's time, what it costs to issue one (eager PyTorch's per-op dispatch and autograd bookkeeping on
 # the host, which the GPU waits for when a kernel is shorter), together, by least squares over the H100 rows; and the
 # fraction of the peak the attention kernel reaches (cuDNN SDPA, forward and backward; under ring CP its K/V exchange
-# included), from the published long-context row, whose step is almost all attention. tests/test_throughput_model.py
+# included), from the published long-context row, whose step is almost all attention. tests/test_fastest.py
 # re-fits them and fails when these values are not what the rows give.
+# Source of the three: fitted to MEASURED_ROWS (H100_2026_11_27; TRL_LONG_CONTEXT for the attention fraction).
 MEMORY_BOUND_BYTES_PER_S = 2.46e12
 KERNEL_ISSUE_S = 54.5e-6
 ATTENTION_FRACTION_OF_PEAK = 0.46
-RATES_SOURCE = "fitted to MEASURED_ROWS (H100_2026_11_27; TRL_LONG_CONTEXT for the attention fraction)"
 
-# The host link of an H100 SXM: PCIe Gen5 x16, 64 GB/s per direction (NVIDIA's data sheet). NOT measured here: the
-# time of offloaded checkpoints and states crossing it is a lower bound.
+# The host link of an H100 SXM: PCIe Gen5 x16, 64 GB/s per direction (NVIDIA H100 data sheet,
+# https://www.nvidia.com/en-us/data-center/h100/). NOT measured here: the time of offloaded checkpoints and states
+# crossing it is a lower bound.
 HOST_LINK_BYTES_PER_S = 64e9
 
 
-# Published, not measured here: TRL's long-context guide and PR #6846 (REFERENCE.md, "Throughput conventions"): Qwen3-8B
-# at 1,048,576 tokens, ring-attention CP over 8 x H100 80GB on FSDP2, YaRN, checkpoints offloaded, cuDNN SDPA: 373
-# s/step at 34.7% MFU (causal-discounted); 380 s/step in the PR.
+# Published, not measured here: TRL's long-context guide, added by TRL PR #6846
+# (https://github.com/huggingface/trl/pull/6846; TRL v1.13.0's release notes): Qwen3-8B at 1,048,576 tokens,
+# ring-attention CP over 8 x H100 80GB on FSDP2, YaRN, checkpoints offloaded, cuDNN SDPA: 373 s/step at 34.7% MFU
+# (causal-discounted); 380 s/step in the PR.
 TRL_LONG_CONTEXT = Source(
     gpu="8 x NVIDIA H100 80GB (TRL's)", driver="not published", software="TRL (PR #6846), transformers >= 5.16, "
     "cuDNN SDPA", date="2026", how="TRL's long-context guide: the Qwen3-8B 1M-token run, 373 s/step at 34.7% MFU")
@@ -117,11 +127,12 @@ class MeasuredRow:
     offload: bool = False  # the checkpoints offloaded to host memory
     num_processes: int = 1
     long_context: bool = False  # the row the attention fraction is fitted to
-    peak_flops: float | None = None  # the GPU's dense BF16 peak; None: an H100 SXM
+    peak_flops: float | None = None  # the GPU's dense BF16 peak; None: the calibration GPU's (launch.facts.gpus)
     # peak memory of the row, GiB: torch's max allocated and max reserved, and the driver's device memory in use
     memory_gib: tuple[float, float, float] | None = None
     note: str = ""
-    # the load dtype the row ran with: every recipe then loaded bf16 (the ddp rows trained pure bf16, issue 34)
+    # the load dtype the row ran with: every recipe then loaded bf16 (the ddp rows trained pure bf16, before the
+    # recipes' fp32 masters)
     dtype: str = "bfloat16"
 
 
@@ -140,8 +151,8 @@ MEASURED_ROWS = (
                 memory_gib=(21.45, 21.82, 23.12)),
     MeasuredRow("Qwen--Qwen3-8B", "ring-cp-8gpu", 1_048_576, False, 1, 1, 373.0, 1_048_576 / 373.0 / 8, True,
                 TRL_LONG_CONTEXT, offload=True, num_processes=8, long_context=True),
-    # Kept back from the table, given as +26% with Liger in the measurement's notes and as 6,959 tokens/s in issue 35:
-    # a check of the model, not fitted. Its step time is tokens per step / tokens per second.
+    # Kept back from the table (RESULTS, "kept_back"): +26% tokens/s with Liger in the measurement's notes, 6,959
+    # tokens/s: a check of the model, not fitted. Its step time is tokens per step / tokens per second.
     MeasuredRow("Qwen--Qwen3-8B", "lora", 4096, True, 2, 2, 16_384 / 6_959, 6_959, False, H100_2026_11_27,
-                note="kept back; tokens/s from issue 35 (6,959), the step time derived from it"),
+                note="kept back; tokens/s as measured (6,959), the step time derived from it"),
 )

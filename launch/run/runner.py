@@ -14,7 +14,7 @@ from pathlib import Path
 
 from launch.checks import doctor, rules
 from launch.config import envvars, profiles
-from launch.facts import hub
+from launch.facts import gpus, hub
 from launch.results import outdir, sentinel
 from launch.run import checkpoints, command, interrupt, supervise, tracking, upstream_warnings
 from launch.speed import measured as throughput, model as throughput_model
@@ -344,7 +344,7 @@ def bench_report(setup, facts, folder: Path) -> dict | None:
     if plan is not None:
         try:
             names = [] if setup.options.cpu else gpu_info()[1]
-            cost = throughput_model.predict(plan.arch, plan.run, throughput.gpu_peak_flops(names[0]) if names else None)
+            cost = throughput_model.predict(plan.arch, plan.run, gpus.peak_bf16(names[0]) if names else None)
             flops, predicted = cost.flops, cost.tokens_per_s_per_gpu
         except (TypeError, ValueError, ZeroDivisionError):  # a shape the throughput model does not know
             pass

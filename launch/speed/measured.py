@@ -4,7 +4,7 @@ planner's prediction; and the longest-length search of `python -m launch bench -
 `report(folder, arch, seq_len, estimate)` combines the ranks' files (`summarize`) with the planner's
 prediction and `format_report` prints it.
 
-MFU, in two conventions, both against the GPU's dense BF16 peak (`GPU_PEAK_BF16`; an unknown GPU or a CPU gets no
+MFU, in two conventions, both against the GPU's dense BF16 peak (`launch.facts.gpus`; an unknown GPU or a CPU gets no
 number, and the summary says so), recomputation never counted:
 - non-causal (torchtitan `get_dense_model_nparams_and_flops`, llm-foundry): FLOPs per token = 6 N + 12 L H d S;
 - causal-discounted (TRL PR #6846's MFU, DeepSpeed-Ulysses): 6 N + 6 L H d S, the attention term halved because a
@@ -21,26 +21,8 @@ import json
 import statistics
 from pathlib import Path
 
+from launch.facts import gpus
 from launch.rank import run_files  # names only
-
-# Dense (no sparsity) BF16 tensor-core peak, FLOP/s, from NVIDIA's data sheets. Matched against
-# torch.cuda.get_device_name() by substring, first match wins, so the more specific names come first.
-GPU_PEAK_BF16 = [
-    ("H100 NVL", 835e12),  # H100 data sheet, NVL column: 1,671 TFLOPS with sparsity
-    ("H100 PCIe", 756e12),  # H100 data sheet, PCIe column: 1,513 TFLOPS with sparsity
-    ("H100", 989e12),  # H100 SXM: 1,979 TFLOPS with sparsity (torchtitan uses 989e12)
-    ("H800", 989e12),  # H800 SXM: as H100 SXM
-    ("GH200", 989e12),  # GH200 data sheet: 1,979 TFLOPS with sparsity
-    ("H200", 989e12),  # H200 data sheet (SXM): 1,979 TFLOPS with sparsity
-    ("B200", 2250e12),  # HGX B200: 4.5 PFLOPS with sparsity per GPU
-    ("A100", 312e12),  # A100 data sheet (SXM and PCIe): 624 TFLOPS with sparsity
-    ("A800", 312e12),  # A800: as A100
-    ("L40S", 362e12),  # L40S data sheet: 733 TFLOPS with sparsity
-    ("L40", 181e12),  # L40 data sheet: 362 TFLOPS with sparsity
-    ("L4", 121e12),  # L4 data sheet: 242 TFLOPS with sparsity
-    ("A10G", 70e12),  # AWS A10G (data sheet of g5 instances)
-    ("A10", 125e12),  # A10 data sheet: 250 TFLOPS with sparsity
-]
 
 CONVENTIONS = {
     "mfu": "non-causal: 6N + 12*L*H*d*S FLOPs per token (torchtitan, llm-foundry; recomputation not counted)",
@@ -50,15 +32,6 @@ CONVENTIONS = {
     "mfu_frozen_base": "frozen base (NeMo Automodel's LoRA convention): the causal-discounted FLOPs x (2 + trainable / "
                        "frozen) / 3, no weight-gradient matmuls for the frozen base",
 }
-
-
-def gpu_peak_flops(name: str | None) -> float | None:
-    if not name:
-        return None
-    for key, peak in GPU_PEAK_BF16:
-        if key in name:
-            return peak
-    return None
 
 
 def flops_per_token(matmul_params: int, num_layers: int, num_heads: int, head_dim: int, seq_len: int,
@@ -115,7 +88,7 @@ def summarize(folder: Path, arch=None, seq_len: int | None = None, flops: dict |
         fpt_causal = flops_per_token(n, arch.num_layers, arch.num_attention_heads, arch.head_dim, seq_len, True)
     else:
         fpt = fpt_causal = None
-    peak = gpu_peak_flops(device) if device != "cpu" else None
+    peak = gpus.peak_bf16(device) if device != "cpu" else None
     per_step = []
     for i in range(n_steps):
         rows = [r["steps"][i] for r in ranks]
@@ -155,7 +128,7 @@ def summarize(folder: Path, arch=None, seq_len: int | None = None, flops: dict |
     elif device == "cpu":
         note = "a CPU run has no GPU peak to compare with"
     else:
-        note = f"{device} is not in the table of known GPU peaks (launch/speed/measured.py GPU_PEAK_BF16)"
+        note = f"{device} is not in the table of known GPU peaks (launch/facts/gpus.py PEAK_BF16)"
     overall = {
         "measured_steps": measured_steps,
         "warmup_steps": warmup,

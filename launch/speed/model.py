@@ -16,12 +16,12 @@ costs to issue (a roofline with a floor):
 - The constants are calibration (`launch.facts.calibration`): the matmul fraction measured on an H100; the memory-bound
   bandwidth and the per-kernel issue time, two constants fitted together to the measured rows (`fit`). The issue
   floor is what makes small micro-batches and small models slower per token: their kernels are too short to hide
-  eager PyTorch's per-op host work. tests/test_throughput_model.py checks every measured row within 20%.
+  eager PyTorch's per-op host work. tests/test_fastest.py checks every measured row within 20%.
 
 Not modelled, and said where it matters: communication between GPUs (NCCL all-reduce, all-gather, reduce-scatter,
 all-to-all; assumed overlapped with compute), an optimizer stepped on the host (DeepSpeed's CPU Adam), dataloading.
-The peak is the target GPU's dense BF16 peak (`launch.speed.measured.GPU_PEAK_BF16`); the rates were measured on an H100
-SXM, so another GPU's prediction scales its peak, not its bandwidth or issue time.
+The peak is the target GPU's dense BF16 peak (`launch.facts.gpus`); the rates were measured on its calibration GPU, an
+H100 SXM, so another GPU's prediction scales its peak, not its bandwidth or issue time.
 
 Reports (`flops_per_token`) give each convention beside the others: the model FLOPs of the MFU (6N + 12 L H d S,
 non-causal, recomputation not counted: `launch.speed.measured`), the hardware FLOPs of the HFU (the model FLOPs plus
@@ -35,12 +35,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-from launch.facts import calibration
+from launch.facts import calibration, gpus
 from launch.memory import adapters
 from launch.memory.architecture import Architecture
 from launch.memory.run_shape import RunShape
-
-H100_PEAK = 989e12  # the calibration GPU's dense BF16 peak (launch.speed.measured.GPU_PEAK_BF16, "H100")
 
 
 # ---- what a layer runs: memory-bound ops, bytes per element and kernels, forward and backward ------------------------
@@ -381,9 +379,9 @@ def step_seconds(groups: list[tuple[Kernels, int]], host_bytes: float, peak: flo
 
 def predict(arch: Architecture, run: RunShape, peak_flops: float | None = None, rates: Rates | None = None) \
         -> StepCost:
-    """The predicted step of `run` on one GPU whose dense BF16 peak is `peak_flops` (default: an H100 SXM, the
-    calibration's GPU), at the calibrated rates (or `rates`)."""
-    peak = peak_flops or H100_PEAK
+    """The predicted step of `run` on one GPU whose dense BF16 peak is `peak_flops` (default: the calibration GPU's,
+    `launch.facts.gpus`), at the calibrated rates (or `rates`)."""
+    peak = peak_flops or gpus.CALIBRATION_PEAK
     seconds = step_seconds(step_kernels(arch, run), host_link_bytes(arch, run), peak, rates or Rates())
     return StepCost(sum(seconds.values()), run.layout.tokens_per_rank * run.layout.gradient_accumulation_steps,
                     seconds, flops_per_token(arch, run), peak)
@@ -439,7 +437,7 @@ def fit(rows=None) -> Rates:
     long = [p for p in prepared if p[0].long_context]
 
     def time(p, rates: Rates) -> float:
-        return sum(step_seconds(p[1], p[2], p[0].peak_flops or H100_PEAK, rates).values())
+        return sum(step_seconds(p[1], p[2], p[0].peak_flops or gpus.CALIBRATION_PEAK, rates).values())
 
     def loss(rates: Rates) -> float:
         return sum(math.log(time(p, rates) / p[0].step_s) ** 2 for p in short)
