@@ -84,7 +84,7 @@ def test_flop_conventions_mfu_hfu_and_the_frozen_base():
     off = RunShape.from_configs(accelerate, {**base, "activation_checkpointing": False})
     on = RunShape.from_configs(accelerate, {**base, "activation_checkpointing": True})
     attention = 12 * arch.num_layers * arch.q_dim * 4096
-    f_off, f_on = throughput_model.flops_per_token(arch, off), throughput_model.flops_per_token(arch, on)
+    f_off, f_on = throughput_model.flops_by_convention(arch, off), throughput_model.flops_by_convention(arch, on)
     assert f_off["model"] == f_on["model"] == 6 * flops_params(arch) + attention
     assert f_off["hardware"] == f_off["model"]
     assert f_on["hardware"] == f_on["model"] + 2 * arch.num_layers * arch.matmul_params_per_layer + attention / 3
@@ -92,8 +92,8 @@ def test_flop_conventions_mfu_hfu_and_the_frozen_base():
     llama = _qwen("meta-llama--Llama-3.1-8B-Instruct")
     lora = RunShape.from_configs(accelerate, {**base, "use_peft": True, "lora_r": 16,
                                               "lora_target_modules": "all-linear"})
-    frozen = throughput_model.flops_per_token(llama, lora)["frozen_base_causal"]
-    assert frozen < throughput_model.flops_per_token(llama, lora)["model_causal"] * 0.67
+    frozen = throughput_model.flops_by_convention(llama, lora)["frozen_base_causal"]
+    assert frozen < throughput_model.flops_by_convention(llama, lora)["model_causal"] * 0.67
     assert 12_473 * frozen == pytest.approx(402e12, rel=0.02)
 
 

@@ -74,7 +74,7 @@ def _read_ranks(folder: Path) -> list[dict]:
 
 def summarize(folder: Path, arch=None, seq_len: int | None = None, flops: dict | None = None) -> dict | None:
     """Combine the ranks' files into per-step, per-rank and overall figures; None when no rank wrote any. `flops`:
-    FLOPs per token in the throughput model's other conventions (`launch.speed.model.flops_per_token`):
+    FLOPs per token in the throughput model's other conventions (`launch.speed.model.flops_by_convention`):
     "hardware" gives the HFU (recomputation counted), "frozen_base_causal" an adapter run's MFU in NeMo's convention."""
     ranks = _read_ranks(folder)
     if not ranks:

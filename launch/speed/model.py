@@ -23,7 +23,7 @@ all-to-all; assumed overlapped with compute), an optimizer stepped on the host (
 The peak is the target GPU's dense BF16 peak (`launch.facts.gpus`); the rates were measured on its calibration GPU, an
 H100 SXM, so another GPU's prediction scales its peak, not its bandwidth or issue time.
 
-Reports (`flops_per_token`) give each convention beside the others: the model FLOPs of the MFU (6N + 12 L H d S,
+Reports (`flops_by_convention`) give each convention beside the others: the model FLOPs of the MFU (6N + 12 L H d S,
 non-causal, recomputation not counted: `launch.speed.measured`), the hardware FLOPs of the HFU (the model FLOPs plus
 checkpointing's recomputed forward), and for an adapter run the FLOPs a frozen base really costs: NeMo Automodel
 scales the full fine-tune's causal FLOPs by (2 + trainable / frozen) / 3 (no weight-gradient matmuls for the frozen
@@ -39,6 +39,7 @@ from launch.facts import calibration, gpus
 from launch.memory import adapters
 from launch.memory.architecture import Architecture
 from launch.memory.run_shape import RunShape
+from launch.speed.measured import flops_params, flops_per_token  # the one MFU formula
 
 
 # ---- what a layer runs: memory-bound ops, bytes per element and kernels, forward and backward ------------------------
@@ -177,23 +178,15 @@ class StepCost:
 
 
 # ---- FLOPs per token, in each convention ----------------------------------------------------------------------------
-def _attention_flops(arch: Architecture, seq_len: int) -> float:
-    """The attention term of the MFU formula, per token: 12 L H d S (forward 4 L H d S: QK^T and PV; backward twice
-    that), non-causal; S the global length (under CP / SP each rank's queries still attend over all of it)."""
-    return 12 * arch.num_layers * arch.q_dim * seq_len
-
-
-def flops_per_token(arch: Architecture, run: RunShape) -> dict:
-    """FLOPs per token in each convention (see the module docstring): "model" (6N + 12 L H d S, the MFU's, N every
-    matmul parameter: `launch.speed.measured.flops_params`), "model_causal" (attention halved), "hardware" (the model's
-    plus checkpointing's recomputed forward: 2 N_layers + 4 L H d S, and a tiled MLP's 2 N_mlp), "executed" (what the
-    GPU runs: `_kernels`); for an adapter run also "frozen_base" and "frozen_base_causal" (NeMo's: x (2 + trainable
-    / frozen) / 3)."""
-    from launch.speed.measured import flops_params  # the one N of the MFU formulas
-
-    n = flops_params(arch)
-    attention = _attention_flops(arch, run.layout.max_length)
-    out = {"model": 6 * n + attention, "model_causal": 6 * n + attention / 2}
+def flops_by_convention(arch: Architecture, run: RunShape) -> dict:
+    """FLOPs per token in each convention (see the module docstring): "model" (6N + 12 L H d S, the MFU's:
+    `launch.speed.measured.flops_per_token`, N every matmul parameter), "model_causal" (attention halved), "hardware"
+    (the model's plus checkpointing's recomputed forward: 2 N_layers + 4 L H d S, and a tiled MLP's 2 N_mlp),
+    "executed" (what the GPU runs: `_kernels`); for an adapter run also "frozen_base" and "frozen_base_causal" (NeMo's:
+    x (2 + trainable / frozen) / 3)."""
+    mfu_args = (flops_params(arch), arch.num_layers, arch.num_attention_heads, arch.head_dim, run.layout.max_length)
+    out = {"model": flops_per_token(*mfu_args), "model_causal": flops_per_token(*mfu_args, causal=True)}
+    attention = 2 * (out["model"] - out["model_causal"])  # 12 L H d S, what the causal convention halves
     recompute = (2 * arch.num_layers * arch.matmul_params_per_layer + attention / 3) if run.gradient_checkpointing \
         else 0.0
     if run.tiled_mlp:
@@ -384,7 +377,7 @@ def predict(arch: Architecture, run: RunShape, peak_flops: float | None = None, 
     peak = peak_flops or gpus.CALIBRATION_PEAK
     seconds = step_seconds(step_kernels(arch, run), host_link_bytes(arch, run), peak, rates or Rates())
     return StepCost(sum(seconds.values()), run.layout.tokens_per_rank * run.layout.gradient_accumulation_steps,
-                    seconds, flops_per_token(arch, run), peak)
+                    seconds, flops_by_convention(arch, run), peak)
 
 
 # ---- calibration --------------------------------------------------------------------------------------------------
