@@ -1,9 +1,9 @@
 """bf16, the precision users train in, on CPU (`-- --bf16 true`: torch's CPU autocast, DeepSpeed's bf16 module, FSDP2's
 param_dtype; each recipe's own load dtype, from the smoke model's bf16 copy as a real run loads a bf16 checkpoint):
 
-- the behaviour issue 34 fixed: after a few steps at the ddp recipe's own learning rate (2e-5) every trainable tensor
-  has moved, the RMSNorm scales included (pure bf16 rounds all of their updates away: half a bf16 step at 1.0 is
-  2^-8 = 0.0039, and most of the others');
+- the behaviour that pure bf16 training lacked: after a few steps at the ddp recipe's own learning rate (2e-5)
+  every trainable tensor has moved, the RMSNorm scales included (pure bf16 rounds all of their updates away: half a
+  bf16 step at 1.0 is 2^-8 = 0.0039, and most of the others');
 - the parity tests users rely on, in bf16: DDP against ZeRO-3 and FSDP2 at equal tokens per step; one process x
   accumulation 2 against two processes; a run resumed from its step-3 checkpoint against the uninterrupted run.
 
@@ -60,9 +60,10 @@ def _reference(smoke_runs):
 
 
 def test_ddp_updates_fp32_masters_and_every_tensor_moves(smoke_runs):
-    """Issue 34's behaviour: 6 steps of the ddp recipe at its own learning rate in bf16 move every trainable tensor,
-    the RMSNorm scales (weights at 1.0) included; the final weights are the fp32 masters. With the recipe as it was
-    (pure bf16) all 9 norm scales of the smoke model are bit-for-bit unchanged after the 6 steps (measured)."""
+    """What pure bf16 training lacked: 6 steps of the ddp recipe at its own learning rate in bf16 move every
+    trainable tensor, the RMSNorm scales (weights at 1.0) included; the final weights are the fp32 masters. With the
+    recipe as it was (pure bf16) all 9 norm scales of the smoke model are bit-for-bit unchanged after the 6 steps
+    (measured)."""
     import torch
 
     summary = _reference(smoke_runs)

@@ -84,7 +84,7 @@ def test_the_tiny_check_runs_end_to_end_on_cpu(tiny_check):
         assert spread["step_s"] == {"median": pytest.approx(sum(times) / 2), "min": times[0], "max": times[1]}
         tps = spread["tokens_per_s_per_gpu"]
         assert 0 < tps["min"] <= tps["median"] <= tps["max"]
-        assert row["published"] is None  # REFERENCE.md has no figure for a tiny CPU model
+        assert row["published"] is None  # nothing is published for a tiny CPU model
         assert (f"| tiny | {recipe} | {row['layout']} | sdpa: flash (torch's CPU kernel) | {setup['checkpointing']} "
                 f"| off | 64 | 256 | {spread['step_s']['median']:.3f} [{times[0]:.3f}-{times[1]:.3f}] | "
                 f"{tps['median']:,.0f} [{tps['min']:,.0f}-{tps['max']:,.0f}] | - | - |") in report
@@ -99,7 +99,7 @@ def test_the_tiny_check_runs_end_to_end_on_cpu(tiny_check):
         measured, predicted, ratio = row["memory"]["peak RSS per process"]
         assert measured > 0 and predicted > 0 and ratio == pytest.approx(measured / predicted)
         assert (root / "work" / f"{recipe}-tiny-64" / "run_summary.json").is_file()
-        # issue 33: a benchmark keeps nothing but its logs and figures (no checkpoint: transformers saves one at the
+        # a benchmark keeps nothing but its logs and figures (no checkpoint: transformers saves one at the
         # last step with save_strategy steps; no final weights), and reports to no tracker
         folder = root / "work" / f"{recipe}-tiny-64"
         assert summary["saves"] == "nothing" and summary["tracking"] is None

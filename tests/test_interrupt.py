@@ -1,4 +1,4 @@
-"""Ctrl-C at any moment of the start-up (issue 27): no process of the job outlives the launcher, the output folder's
+"""Ctrl-C at any moment of the start-up: no process of the job outlives the launcher, the output folder's
 lock is released only once the job's processes are gone, and an early Ctrl-C is one line, not a traceback.
 
 The launcher runs in-process on the ddp smoke recipe with its training job replaced by a fake one (a process that

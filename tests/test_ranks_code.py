@@ -1,4 +1,4 @@
-"""The ranks run the launcher's own code (issue 33): whether or not its checkout is pip-installed, from any working
+"""The ranks run the launcher's own code: whether or not its checkout is pip-installed, from any working
 directory, and for a recipe folder copied outside the repository.
 
 The checkout under test is a copy of this one in a temporary folder (the files git would track: this working tree,

@@ -85,7 +85,7 @@ def _config(folder):
 
 
 def test_the_band_is_keyed_by_what_the_run_is_not_by_the_models_path(tmp_path):
-    """Issue 27: ring-cp-8gpu's band holds for Qwen3-8B's architecture at 1M tokens, wherever its config is read
+    """Ring-cp-8gpu's band holds for Qwen3-8B's architecture at 1M tokens, wherever its config is read
     from (a local copy of the weights keeps the band), and not for another architecture, RoPE base or length."""
     band = json.loads((RECIPES_DIR / "ring-cp-8gpu" / "expected_metrics.json").read_text())[
         "profiles"]["full-gpu"]["first_loss_band"]

@@ -13,7 +13,7 @@ sharded-final-save), and train.py never says "saved" without a tensor written.
 
 The LoRA adapter under FSDP2 with SHARDED_STATE_DICT is tests/test_lora.py's (equal to DDP's adapter); HSDP and
 FSDP1 (full model, and qlora-fsdp's adapter) under SHARDED_STATE_DICT were checked by hand (equal to FULL_STATE_DICT's
-final weights: the report of issue 36), not in CI.
+final weights), not in CI.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def test_a_copied_recipe_folder_runs_without_edits_and_benches(tmp_path):
     assert "expected metrics: PASSED" in proc.stdout
     summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
     assert summary["recipe"] == "my-ddp"
-    # issue 33: a --bench run keeps no final weights (train.py's save_final false) and no checkpoint
+    # a --bench run keeps no final weights (train.py's save_final false) and no checkpoint
     assert summary["saves"] == "nothing" and not [p.name for p in (tmp_path / "out").iterdir()
                                                   if p.name == "final" or p.name.startswith("checkpoint-")]
     bench = summary["bench"]

@@ -100,7 +100,7 @@ def test_a_synthetic_run_trains_from_config_json_alone(synthetic_run):
 
 @pytest.mark.parametrize("option", ["synthetic", "bench"])
 def test_a_measurement_saves_nothing_unless_asked(option, tmp_path, capsys):
-    """Issue 33: a --synthetic or --bench run keeps no checkpoint (transformers saves one at the last step whenever
+    """A --synthetic or --bench run keeps no checkpoint (transformers saves one at the last step whenever
     save_strategy is steps, as the GPU configs set it) and no final weights; the dry run says so in one line, the
     summary under `saves`. --save-steps asks for both, `-- --save_strategy steps` / `-- --save_final true` for one.
     (The bytes such a run leaves are counted on check.py's runs, tests/test_gpu_check.py.)"""
