@@ -753,7 +753,7 @@ def test_adapter_dtype_follows_trl_and_peft():
     assert adapters.adapter_dtype_bytes(replace(ddp, adapter=lora(load_in_4bit=True))) == 2
     assert adapters.adapter_dtype_bytes(toy_run(adapter=lora())) == 2  # ZeRO-3, bf16 base
     fsdp_q = toy_run(kind="fsdp2", zero_stage=None, adapter=lora(load_in_4bit=True, bnb_4bit_quant_storage="bfloat16"))
-    assert terms.fsdp2_sharded_bytes_per_param(fsdp_q) == 2
+    assert terms.param_bytes(fsdp_q) == 2
 
 
 def test_lora_paths_save_their_inputs():

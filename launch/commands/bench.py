@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
     print(f"\n{'max_length':>12} {'result':<16} {'step (s)':>9} {'reserved GiB':>13} {'predicted GiB':>14}")
     for length, _ok, _detail in tries:
         r = results[length]
-        predicted = plan.at_length(length).estimate.gpu_peak_gib
+        predicted = plan.with_run(plan.run.with_length(length)).estimate.gpu_peak_gib
         step = f"{r['step_s']:.2f}" if r["step_s"] else "-"
         reserved = f"{r['reserved_gib']:.1f}" if r["reserved_gib"] else "-"
         print(f"{length:>12,} {r['detail'][:16]:<16} {step:>9} {reserved:>13} {predicted:>14.1f}")

@@ -121,10 +121,6 @@ class Layout:
         return int(self.mesh.get("tp", 1))
 
     @property
-    def mesh_product(self) -> int:
-        return math.prod(int(self.mesh.get(k, 1)) for k in MESH_KEYS)
-
-    @property
     def processes_per_machine(self) -> int:
         return max(self.world_size // max(self.num_machines, 1), 1)
 

@@ -44,13 +44,13 @@ H100_80GB_GIB = 79.1
 TRL_TOKEN_CHUNK = 4096  # TOKEN_CHUNK_SIZE
 TRL_VOCAB_CHUNK = 32768  # _CHUNKED_LOGPROB_CHUNK_SIZE
 
-# Liger kernels index [tokens, hidden] tensors with 32-bit offsets: Liger-Kernel issue #803 (ALST's author: RMSNorm
-# crashes with "illegal memory access" once tokens x hidden reaches 2**31; ArcticTraining's run-h100-sp1-llama-8b.yml
-# notes the crash at max_length 555000). A kernel limit, not a memory limit; `longest_length` honours it by default.
+# Liger kernels index [tokens, hidden] tensors with 32-bit offsets: Liger-Kernel #803
+# (https://github.com/linkedin/Liger-Kernel/issues/803; ALST's author: RMSNorm crashes with "illegal memory access"
+# once tokens x hidden reaches 2**31; ArcticTraining's run-h100-sp1-llama-8b.yml notes the crash at max_length 555000).
+# A kernel limit, not a memory limit; `longest_length` honours it by default.
 INT32_ELEMENTS = 2**31
 
 LOSSES = ("fused_chunked", "full_logits", "liger_flce")
-ATTENTIONS = ("flash_attention_2", "flash_attention_3", "sdpa", "eager")
 
 
 def gib(nbytes: float) -> float:

@@ -126,8 +126,9 @@ class MemoryPlan:
         """Fits with the launcher's spare (`SPARE`) left unused on every GPU."""
         return self.fits and self.estimate.gpu_peak_gib <= self.target.gpu_memory_gib * (1 - SPARE)
 
-    def at_length(self, length: int) -> "MemoryPlan":
-        run = self.run.with_length(length)
+    def with_run(self, run: memory.RunShape) -> "MemoryPlan":
+        """The plan of the same model on the same target with another run shape (another length: `run.with_length`;
+        other speed settings: `launch.speed.fastest`): the one way to re-plan a changed run."""
         return replace(self, estimate=memory.estimate(self.arch, run), run=run, longest=None)
 
     def as_json(self) -> dict:

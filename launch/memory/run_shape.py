@@ -115,6 +115,12 @@ class RunShape:
         return Precision.of(self.layout.kind, self.weights_dtype, self.mixed_precision, self.adapter,
                             self.layout.sp if self.uses_ulysses else 1)
 
+    @property
+    def layer_kernels(self) -> str:
+        """The layers' kernels by name, the key of the throughput model's kernel table (`launch.speed.model.LAYER_OPS`):
+        "liger" (Liger's Triton kernels, `liger_kernels`, on a GPU) or "eager" (transformers' modules)."""
+        return "liger" if self.liger_kernels and self.device == "gpu" else "eager"
+
     # ---- what only memory derives
     @property
     def uses_ulysses(self) -> bool:

@@ -13,11 +13,17 @@ from launch.memory.run_shape import RunShape
 from launch.config.precision import BYTES
 
 
-def _param_bytes(run: RunShape) -> int:
+def param_bytes(run: RunShape) -> int:
     """Bytes per element of the trainable parameters as they are kept on the device (`run.precision`,
     launch.config.precision, says per strategy: DeepSpeed's 16-bit module with an fp32 master in its optimizer; DDP and
-    one
-    process in the load dtype; FSDP2 under mixed precision in fp32 shards; an adapter in its own dtype)."""
+    one process in the load dtype; an adapter in its own dtype).
+
+    FSDP2 (accelerate/utils/fsdp_utils.py `fsdp2_prepare_model`): with mixed_precision != "no", every trainable
+    parameter is upcast to fp32 before `fully_shard` ("FSDP upcast of low precision parameters to fp32"), and
+    MixedPrecisionPolicy(param_dtype=bf16) only casts the all-gathered copy. So the shard is fp32 even for a model
+    loaded in bf16; without mixed precision it keeps the loaded dtype. An adapter: Accelerate skips the upcast when
+    the model holds bitsandbytes 4-bit weights (`model_has_params4bit`), and TRL has cast a quantized model's adapter
+    to bf16; an unquantized model's adapter is fp32 already (PEFT)."""
     return run.precision.param_bytes
 
 
@@ -25,16 +31,6 @@ def _compute_bytes(run: RunShape) -> int:
     """Bytes of an element in the compute dtype (gathered FSDP / ZeRO-3 parameters, 16-bit gradients before they are
     reduced): bf16/fp16 under mixed precision, else the weights' own."""
     return BYTES.get(run.precision.compute_dtype, 4)
-
-
-def fsdp2_sharded_bytes_per_param(run: RunShape) -> int:
-    """accelerate/utils/fsdp_utils.py `fsdp2_prepare_model`: with mixed_precision != "no", every trainable
-    parameter is upcast to fp32 before `fully_shard` ("FSDP upcast of low precision parameters to fp32"), and
-    MixedPrecisionPolicy(param_dtype=bf16) only casts the all-gathered copy. So the shard is fp32 even for a model
-    loaded in bf16; without mixed precision it keeps the loaded dtype. An adapter: Accelerate skips the upcast when
-    the model holds bitsandbytes 4-bit weights (`model_has_params4bit`), and TRL has cast a quantized model's adapter
-    to bf16; an unquantized model's adapter is fp32 already (PEFT). All of it is `run.precision`'s reading."""
-    return run.precision.param_bytes
 
 
 def model_state_bytes(arch: Architecture, run: RunShape) -> dict:
@@ -53,14 +49,14 @@ def model_state_bytes(arch: Architecture, run: RunShape) -> dict:
       gradient buffer and (ZeRO-3) the 16-bit gradient partitions to the host (stage3.py `self.device = cpu`);
       `offload_param_device: cpu` moves the ZeRO-3 16-bit partitions to a pinned host buffer.
       Parameters under `stage3_param_persistence_threshold` (norms, biases) stay whole on every rank.
-    FSDP2 (Accelerate): fp32 shards (see `fsdp2_sharded_bytes_per_param`), fp32 sharded gradients, fp32 Adam,
+    FSDP2 (Accelerate): fp32 shards (see `param_bytes`), fp32 sharded gradients, fp32 Adam,
       over the dp_shard x cp mesh; `fsdp_offload_params` keeps all three on the host.
     Adapters (`run.adapter`): the three above count the adapter's parameters only (`adapters.trainable_params`);
       the frozen base is `frozen_gpu` / `frozen_host` (no gradient, no optimizer state), sharded as parameters are
       (FSDP and ZeRO-3 over the shard group, whole under DDP and ZeRO-1/2; see `adapters.frozen_bytes`).
     """
     P = adapters.trainable_params(arch, run)
-    p = _param_bytes(run)
+    p = param_bytes(run)
     W = run.layout.shard_group
     out = {"params_gpu": 0.0, "grads_gpu": 0.0, "optim_gpu": 0.0, "params_host": 0.0, "grads_host": 0.0,
            "optim_host": 0.0, "params_host_pinned": 0.0, "frozen_gpu": 0.0, "frozen_host": 0.0}
@@ -80,7 +76,7 @@ def model_state_bytes(arch: Architecture, run: RunShape) -> dict:
         out.update(params_gpu=p * P, grads_gpu=p * P, optim_gpu=(8 + (4 if p < 4 else 0)) * P)
         return out
     if run.layout.sharding == "fsdp":
-        s = fsdp2_sharded_bytes_per_param(run)
+        s = param_bytes(run)
         adam = prec.adam_bytes
         if run.layout.offload_params:
             out.update(params_host_pinned=s * P / W, grads_host=s * P / W, optim_host=adam * P / W)
@@ -479,7 +475,7 @@ def optimizer_step_bytes(arch: Architecture, run: RunShape) -> float:
         return 0.0
     part = adapters.trainable_params(arch, run) / run.layout.shard_group
     if run.layout.zero_stage == 3:
-        p = _param_bytes(run)
+        p = param_bytes(run)
         return (p + (F32 if p < F32 else 0)) * min(run.sub_group_size, part)
     return F32 * part
 

@@ -193,7 +193,7 @@ def search(setup, plan: MemoryPlan, *, liger_installed: bool, peak_flops: float 
         settings = Settings(ckpt, offload, b, g, liger)
         shaped = replace(run, gradient_checkpointing=ckpt, offload_activations=offload, liger_kernels=liger,
                          layout=replace(run.layout, per_device_train_batch_size=b, gradient_accumulation_steps=g))
-        planned = replace(plan, run=shaped, estimate=memory.estimate(plan.arch, shaped), longest=None)
+        planned = plan.with_run(shaped)
         excluded = None
         if liger:
             limits = [limit for _reason, limit in kernel_length_limits(plan.arch, shaped)]

@@ -55,22 +55,23 @@ class Op:
     kernels_bwd: int
 
 
-# `False`: transformers 5.23's module in eager PyTorch; `True`: Liger 0.8.5's Triton kernel.
+# By layer kernels (`RunShape.layer_kernels`): "eager", transformers 5.23's module in eager PyTorch; "liger", Liger
+# 0.8.5's Triton kernel. Another kernel option is one more key in each row (and its memory terms, launch.memory.terms).
 LAYER_OPS = {
     # Qwen3RMSNorm / LlamaRMSNorm: to(fp32) 2+4, pow 4+4, mean 4, (+ eps, rsqrt on one value a row), mul 4+4,
     # to(bf16) 4+2, weight mul 2+2 = 36 bytes in 8 kernels; autograd's backward of those ops: the weight's grad
     # (mul, sum over tokens), the casts, the rsqrt path (mul, sum, rsqrt's and mean's backward), pow's backward and the
     # two paths into the input summed, ~76 bytes in 16 kernels. Liger's RMSNorm: one kernel reads X and writes Y (4);
     # backward reads dY and X and writes dX (6), then sums the per-program weight grads (2 kernels).
-    "rmsnorm": {False: Op(36, 76, 8, 16), True: Op(4, 6, 1, 2)},
+    "rmsnorm": {"eager": Op(36, 76, 8, 16), "liger": Op(4, 6, 1, 2)},
     # apply_rotary_pos_emb on q and k: q*cos 2+2, rotate_half (neg 1+1 on half, cat 2+2), *sin 2+2, add 4+2 = 20 per
     # element in 5 kernels a tensor; backward: the muls 4+4, neg's 2, the two slices' zero-filled grads 8, the three
     # contributions summed 6 = 24 in 9 kernels a tensor. Liger: one kernel for q and k, in place, 4 / 4.
-    "rope": {False: Op(20, 24, 10, 18), True: Op(4, 4, 1, 1)},
+    "rope": {"eager": Op(20, 24, 10, 18), "liger": Op(4, 4, 1, 1)},
     # act_fn(gate) * up: silu 2+2, mul 4+2 = 10 per intermediate element in 2 kernels; backward: two muls 6+6, silu's
     # 6 = 18 in 3. Liger's SwiGLU: reads gate and up, writes the product (6); backward reads dY, gate, up and writes
     # the two grads (10), one kernel each way.
-    "swiglu": {False: Op(10, 18, 2, 3), True: Op(6, 10, 1, 1)},
+    "swiglu": {"eager": Op(10, 18, 2, 3), "liger": Op(6, 10, 1, 1)},
 }
 RESIDUAL_ADD = Op(6, 6, 1, 1)  # residual + x: read 4 write 2; backward: the two gradient paths summed
 GRAD_SUM = Op(0, 6, 0, 1)  # a tensor several matmuls read (the norm output into q/k/v, into gate/up): grads summed
@@ -217,13 +218,13 @@ def layer_ops(arch: Architecture, run: RunShape) -> list[tuple[int, Op]]:
     `apply_liger_kernel` -> `_apply_liger_kernel_to_instance`) replaces the layers' two norms, RoPE and the MLP's
     SwiGLU (not under DeepSpeed's tiled MLP, which wraps the MLP itself); Qwen3's per-head q/k norms stay
     transformers' modules. An adapter adds PEFT's LoRA paths, one per wrapped linear layer."""
-    liger = run.liger_kernels and run.device == "gpu"
+    kernels = run.layer_kernels
     H, I, q, kv = arch.hidden_size, arch.intermediate_size, arch.q_dim, arch.kv_dim
-    ops = [(2 * H, LAYER_OPS["rmsnorm"][liger]), (q + kv, LAYER_OPS["rope"][liger]),
-           (I, LAYER_OPS["swiglu"][liger and not run.tiled_mlp]), (2 * H, RESIDUAL_ADD), (3 * H, GRAD_SUM),
+    ops = [(2 * H, LAYER_OPS["rmsnorm"][kernels]), (q + kv, LAYER_OPS["rope"][kernels]),
+           (I, LAYER_OPS["swiglu"]["eager" if run.tiled_mlp else kernels]), (2 * H, RESIDUAL_ADD), (3 * H, GRAD_SUM),
            (q, ATTN_OUTPUT_COPY)]
     if arch.qk_norm:
-        ops.append((q + kv, LAYER_OPS["rmsnorm"][False]))
+        ops.append((q + kv, LAYER_OPS["rmsnorm"]["eager"]))
     if run.adapter is not None:
         less = ([] if run.adapter.dropout > 0 else [LORA_DROPOUT]) + (
             [] if adapters.adapter_dtype_bytes(run) == 4 else [LORA_CASTS])
@@ -270,8 +271,7 @@ def _micro_batch_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
     out += [Kernels(L * fwd, flops=attention, attention=True), Kernels(L, flops=2 * attention, attention=True)]
     if run.tiled_mlp:  # DeepSpeed's TiledMLP recomputes each shard's MLP forward in the backward
         out.append(Kernels(L * 3, flops=2 * T * arch.hidden_size * arch.intermediate_size))
-    liger = run.liger_kernels and run.device == "gpu"
-    out += _op_kernels(arch.hidden_size, LAYER_OPS["rmsnorm"][liger], T, (1, 1), 1)  # the final norm
+    out += _op_kernels(arch.hidden_size, LAYER_OPS["rmsnorm"][run.layer_kernels], T, (1, 1), 1)  # the final norm
     out += _lm_head_kernels(arch, run)
     if frozen and run.adapter.quantization is not None:
         for _parent, fan_in, fan_out in arch.linear_layers().values():
@@ -314,13 +314,13 @@ def _step_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
     """The kernels once per optimizer step: gradient accumulation's adds (micro-batches after the first, one kernel
     per parameter tensor), the optimizer step and gradient clipping (fused, bandwidth-bound). An optimizer in host
     memory steps there: not counted."""
-    from launch.memory.terms import _param_bytes, fsdp2_sharded_bytes_per_param  # the trained dtype, one source
+    from launch.memory.terms import param_bytes  # the trained dtype, one source
 
     layout = run.layout
     P = adapters.trainable_params(arch, run)
     W = layout.shard_group
     local = P / W if layout.sharding in ("fsdp", "zero") else P
-    state = fsdp2_sharded_bytes_per_param(run) if layout.sharding == "fsdp" else _param_bytes(run)
+    state = param_bytes(run)
     grads = local if layout.sharding == "fsdp" or (layout.sharding == "zero" and layout.zero_stage >= 2) else P
     tensors = arch.num_layers * (2 * len(_wrapped(arch, run)) if run.adapter is not None
                                  else len(arch.linear_layers()) + 2) + 2
