@@ -1,0 +1,52 @@
+"""Activation checkpointing: one name for it, and not both FSDP's and the training arguments'.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+from launch.checks.rules.registry import Facts, rule
+from launch.switches import is_on
+from launch.config.training_args import alias_ignored
+
+@rule(doc=(
+    "checkpointing under one name: `activation_checkpointing*`, or only the deprecated `gradient_checkpointing*`",
+    "transformers ignores `gradient_checkpointing*` without a word when `activation_checkpointing*` is set"))
+def checkpointing_one_name(setup, facts: Facts):
+    # transformers 5.23 TrainingArguments.__post_init__: the deprecated name is used only when the new one is unset
+    problems = []
+    for old, new, where in alias_ignored(setup.training, setup.explicit):
+        problems.append(
+            f"`{old}` is given as {setup.training.get(old)!r} ({where}), but `{new}` is set to "
+            f"{setup.training.get(new)!r} ({setup.explicit[new][1]}), and transformers ignores the "
+            f"deprecated `{old}` whenever `{new}` is set: the run would use {setup.training.get(new)!r}. Give the "
+            f"value under the current name instead, e.g. `-- --{new} "
+            f"{_argv_value(setup.training.get(old))}`.")
+    return "\n".join(problems) or None
+
+
+def _argv_value(value) -> str:
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@rule(feature="context_parallel", doc=(
+    "`activation_checkpointing: false` when the FSDP config checkpoints (`fsdp_activation_checkpointing: true`)",
+    "Trainer: \"`fsdp_config['activation_checkpointing']` (FSDP's own activation checkpointing) and the "
+    "`activation_checkpointing` training argument can't both be set to True. ...\""))
+def checkpointing_not_twice(setup, facts: Facts):
+    fsdp = setup.accelerate.get("fsdp_config") or {}
+    ckpt = setup.checkpointing  # both names resolved once (launch.config.training_args.checkpointing)
+    if is_on(fsdp.get("fsdp_activation_checkpointing")) and ckpt.enabled:
+        where = setup.explicit.get(ckpt.name, (0, "TRL's default"))[1]
+        return (
+            "FSDP activation checkpointing (fsdp_activation_checkpointing in the Accelerate config) and activation "
+            f"checkpointing in the training arguments (`{ckpt.name}: true`, from {where}) cannot both be on "
+            "(transformers refuses it; TRL's SFTConfig defaults gradient_checkpointing to true). Pass "
+            "`-- --activation_checkpointing false` (or set `activation_checkpointing: false` in config.yaml; the "
+            "current name wins over the deprecated `gradient_checkpointing`), or set "
+            "`fsdp_activation_checkpointing: false` in the Accelerate config."
+        )
+    return None
