@@ -8,14 +8,14 @@ message before any training begins.
 from __future__ import annotations
 
 from launch.facts import pins as pinfiles
-from launch.checks import image as image_checks, rules
+from launch.checks import attention, image as image_checks, rules, traps
 from launch.facts.machine import gpu_info, installed_versions, torch_build
 from launch.facts.pins import PINS_FILE, normalize, read_pins  # the one pins parser (launch/facts/pins.py)
 
 # GPU-only packages: absent from the CPU CI venv by design.
 GPU_ONLY = {"flash-attn", "flash-attn-4", "liger-kernel"}
 # Optional in the image too: built only with FLASH_ATTN=1 (Dockerfile); its version then comes from
-# requirements/flash-attn.lock. A recipe that needs it is refused by the attention check (launch.checks.image).
+# requirements/flash-attn.lock. A recipe that needs it is refused by the attention check (launch.checks.attention).
 IMAGE_OPTIONAL = {"flash-attn"}
 
 
@@ -137,14 +137,14 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
     # and why
     if setup is not None:
         recipe_attn = {setup.recipe.name: setup.training.get("attn_implementation") or "sdpa"}
-        paths = {setup.recipe.name: image_checks.attention_path(setup.accelerate)}
+        paths = {setup.recipe.name: attention.attention_path(setup.accelerate)}
         quantized = any(setup.training.get(key) for key in QUANTIZED)
     else:
         unreadable: dict[str, str] = {}
-        recipe_attn, paths, quantized = image_checks.recipe_attn_settings(unreadable), None, True
+        recipe_attn, paths, quantized = attention.recipe_attn_settings(unreadable), None, True
         problems += [f"recipe {name}: {message}" for name, message in unreadable.items()]
     # cuDNN: the machine's own torch build loads its own cuDNN wheel, which is then the reference
-    own_cudnn = image_checks.CUDNN_WHEEL in host.machine and installed is not None
+    own_cudnn = traps.CUDNN_WHEEL in host.machine and installed is not None
     cudnn_lock = {"lock": installed, "lock_source": "the machine's installed wheels"} if own_cudnn else {}
     for name, found, problem in image_checks.trap_checks(recipe_attn, paths=paths, quantized=quantized, **cudnn_lock):
         out(f"{name:<14} {found}")
