@@ -7,27 +7,17 @@ from __future__ import annotations
 from launch.recipe.copies import is_marked
 from launch.results.expected import profile_entry
 from launch.config.layout import Layout
+from launch.memory import RunShape
 from launch.recipe.discovery import find_recipe, recipe_names
-from launch.switches import is_on
-from launch.config.profiles import checkpointer
+from launch.speed import fastest
 from launch.config.training_args import checkpointing
 
 
-def speed_settings(config: dict, accelerate: dict, layout: Layout) -> str:
-    """The speed settings of a recipe's GPU defaults, in a few words: activation checkpointing (off, on, on with its
-    checkpoints offloaded; by FSDP when the Accelerate config does it), Liger's kernels, micro-batch x accumulation.
-    The settings `python -m launch plan RECIPE --fastest` chooses among (launch/speed/fastest.py)."""
-    fsdp = accelerate.get("fsdp_config") or {}
-    ckpt = checkpointing(config)
-    if checkpointer(config, accelerate) == "FSDP" and is_on(fsdp.get("fsdp_activation_checkpointing", False)):
-        mode = "on (FSDP)" + (" + offload" if is_on(fsdp.get("fsdp_activation_checkpointing_offload", False)) else "")
-    elif ckpt.enabled:
-        mode = "on" + (" + offload" if ckpt.offload else "")
-    else:
-        mode = "off"
-    liger = "on" if is_on(config.get("use_liger_kernel", False)) else "off"
-    return (f"checkpointing {mode}, Liger {liger}, {layout.per_device_train_batch_size} x "
-            f"{layout.gradient_accumulation_steps}")
+def speed_settings(config: dict, accelerate: dict) -> str:
+    """The speed settings of a recipe's GPU defaults, in a few words (`launch.speed.fastest.label`, short; "(FSDP)"
+    where FSDP's own checkpointing is on): the settings `python -m launch plan RECIPE --fastest` chooses among."""
+    settings = fastest.Settings.of_run(RunShape.from_configs(accelerate, config))
+    return settings.label(by="FSDP" if checkpointing(config, accelerate).fsdp else None, short=True)
 
 
 def recipe_row(name: str) -> dict:
@@ -42,7 +32,7 @@ def recipe_row(name: str) -> dict:
         "model": str(recipe.config.get("model_name_or_path", "")),
         "dataset": str(recipe.config.get("dataset_name", "")),
         "max_length": recipe.config.get("max_length"),
-        "speed": speed_settings(recipe.config, recipe.accelerate, layout),
+        "speed": speed_settings(recipe.config, recipe.accelerate),
         "cpu_verified": "steps" in smoke_cpu,
         "cpu_processes": smoke_cpu.get("invocation", {}).get("num_processes"),
         "train_script": "copy" if is_marked(recipe.train_script) else "fork",

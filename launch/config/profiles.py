@@ -8,12 +8,14 @@ saves nothing (`MEASURE_ONLY_TRAINING`).
 
 from __future__ import annotations
 
+import json
+
 from launch.config import smoke
 from launch.config.adapter import Adapter
 from launch.errors import LaunchError
 from launch.constants import CUDA_ONLY_ATTENTION, SP_ATTENTION_KEY
 from launch.switches import is_on
-from launch.config.training_args import checkpointing
+from launch.config.training_args import FSDP_CHECKPOINTING, checkpointing
 
 # A smoke run: the tiny offline model and dataset, few steps, a loss and grad_norm logged at every step.
 SMOKE_TRAINING = {
@@ -95,35 +97,16 @@ def cpu_notes(config: dict, training: dict) -> list[str]:
     return []
 
 
-def checkpointer(training: dict, accelerate: dict | None) -> str:
-    """Who checkpoints every decoder layer in this run, when it checkpoints: "FSDP" (the Accelerate config's own
-    `fsdp_activation_checkpointing`) when that is on, or when nothing checkpoints and the config is FSDP2 without an
-    adapter (FSDP's own is that family's way; an adapter cannot use it:
-    `rules.adapter_with_fsdp_activation_checkpointing`); else "transformers" (the training arguments). Read by the smoke
-    profile and `--fastest`."""
-    accelerate = accelerate or {}
-    fsdp = accelerate.get("fsdp_config") or {}
-    if accelerate.get("distributed_type") != "FSDP":
-        return "transformers"
-    if is_on(fsdp.get("fsdp_activation_checkpointing", False)):
-        return "FSDP"
-    if checkpointing(training).enabled:
-        return "transformers"
-    fsdp2 = int(fsdp.get("fsdp_version") or 1) == 2
-    return "FSDP" if fsdp2 and Adapter.from_training(training) is None else "transformers"
-
-
 def smoke_checkpointing(config: dict, accelerate: dict | None = None) -> tuple[dict, dict]:
     """(training overrides, Accelerate launch overrides) that keep a smoke run checkpointing every layer, as every
     recipe's smoke metrics were recorded, where its GPU default turns checkpointing off (the speed settings `plan
-    --fastest` chose for the recipe's GPUs), by whoever checkpoints in that recipe (`checkpointer`:
-    FSDP's own for fsdp2, as it recorded them). Nothing where the recipe checkpoints already."""
-    fsdp = (accelerate or {}).get("fsdp_config") or {}
-    if checkpointing(config).enabled or ((accelerate or {}).get("distributed_type") == "FSDP"
-                                         and is_on(fsdp.get("fsdp_activation_checkpointing", False))):
+    --fastest` chose for the recipe's GPUs), by whoever checkpoints in that recipe (`Checkpointing.by`, launch.config.
+    training_args: FSDP's own for fsdp2, as it recorded them). Nothing where the recipe checkpoints already."""
+    ckpt = checkpointing(config, accelerate)
+    if ckpt.on:
         return {}, {}
-    if checkpointer(config, accelerate) == "FSDP":
-        return {}, {"fsdp_activation_checkpointing": True}
+    if ckpt.by == "FSDP":
+        return {}, {FSDP_CHECKPOINTING: True}
     return {"activation_checkpointing": True}, {}
 
 
@@ -176,9 +159,11 @@ def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print,
 
 
 def as_argv(values: dict) -> list[str]:
-    """`--key value` pairs as the ranks' parser reads them (booleans as true/false)."""
+    """`--key value` pairs as the ranks' parser reads them (booleans as true/false, a dict as JSON, which transformers
+    reads for its dict fields): the one writer of training argv (the profiles, the launcher's options, `--fastest`)."""
     argv: list[str] = []
     for key, value in values.items():
         if value is not None:
-            argv += [f"--{key}", ("true" if value else "false") if isinstance(value, bool) else str(value)]
+            argv += [f"--{key}", json.dumps(value) if isinstance(value, dict) else
+                     ("true" if value else "false") if isinstance(value, bool) else str(value)]
     return argv

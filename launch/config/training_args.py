@@ -20,8 +20,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.config.adapter import Adapter
 from launch.recipe.template import section_of_key
 from launch.errors import LaunchError
+from launch.switches import is_on
 
 AFTER_DASHES = "the training arguments after `--`"
 
@@ -99,34 +101,64 @@ def merge(make_parser, config_path: Path, config: dict, layers: list[Layer]) -> 
 
 @dataclass(frozen=True)
 class Checkpointing:
-    """Activation checkpointing as the ranks get it, resolved once (`checkpointing()`), for the rules and the memory
-    model."""
+    """Activation checkpointing as the ranks get it, resolved once (`checkpointing()`) for the rules, the memory model,
+    the smoke profile, `--fastest` and the recipe catalogue: transformers' (the training arguments, under either of
+    their two names) and FSDP's own (the Accelerate config's two flags), and who checkpoints."""
 
-    enabled: bool
-    kwargs: dict
+    enabled: bool  # transformers' (`activation_checkpointing`, or its deprecated alias)
+    kwargs: dict  # transformers' `activation_checkpointing_kwargs`
     name: str  # the key that decided it: "activation_checkpointing", or "gradient_checkpointing" (TRL's default)
+    fsdp: bool = False  # FSDP's own: `fsdp_activation_checkpointing` in an FSDP config's fsdp_config
+    fsdp_offload: bool = False  # its `fsdp_activation_checkpointing_offload`
+    by: str = "transformers"  # who checkpoints when the run does: "transformers" or "FSDP" (`checkpointing()`)
 
     @property
     def offload(self) -> bool:
+        """transformers' checkpoints offloaded to host memory (`activation_checkpointing_kwargs: {offload: true}`)."""
         return bool(self.kwargs.get("offload", False))
+
+    @property
+    def on(self) -> bool:
+        """Whether every decoder layer is checkpointed, by either."""
+        return self.enabled or self.fsdp
+
+    @property
+    def offloaded(self) -> bool:
+        """Whether the checkpoints of whoever checkpoints go to host memory."""
+        return self.fsdp_offload if self.fsdp else self.enabled and self.offload
 
 
 CHECKPOINTING_ALIASES = {"gradient_checkpointing": "activation_checkpointing",
                          "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs"}
+FSDP_CHECKPOINTING = "fsdp_activation_checkpointing"  # FSDP's own two flags, in the Accelerate config's fsdp_config
+FSDP_CHECKPOINTING_OFFLOAD = "fsdp_activation_checkpointing_offload"
 
 
-def checkpointing(values: dict) -> Checkpointing:
+def checkpointing(values: dict, accelerate: dict | None = None) -> Checkpointing:
     """transformers 5.23 (TrainingArguments.__post_init__): `activation_checkpointing*` are the current names and
     `gradient_checkpointing*` their deprecated aliases, used only when the new name is unset (None); TRL's config
     defaults `gradient_checkpointing` to True. A value given under the old name while the new one is set is ignored
-    by transformers: `alias_ignored()` finds that before the start."""
+    by transformers: `alias_ignored()` finds that before the start.
+
+    `accelerate`: the Accelerate config (None: not FSDP). Under FSDP its `fsdp_activation_checkpointing` (and
+    `_offload`) is FSDP's own checkpointing. Who checkpoints (`by`): FSDP when its own is on, or when nothing
+    checkpoints and the config is FSDP2 without an adapter (FSDP's own is that family's way; an adapter cannot use it:
+    the rules refuse fsdp_activation_checkpointing with an adapter); else transformers."""
     new = values.get("activation_checkpointing")
-    enabled = new if new is not None else values.get("gradient_checkpointing", True)  # TRL's default
+    enabled = bool(new if new is not None else values.get("gradient_checkpointing", True))  # TRL's default
     kwargs = values.get("activation_checkpointing_kwargs")
     if kwargs is None:
         kwargs = values.get("gradient_checkpointing_kwargs")
-    return Checkpointing(bool(enabled), dict(kwargs or {}),
-                         "activation_checkpointing" if new is not None else "gradient_checkpointing")
+    name = "activation_checkpointing" if new is not None else "gradient_checkpointing"
+    accelerate = accelerate or {}
+    if accelerate.get("distributed_type") != "FSDP":
+        return Checkpointing(enabled, dict(kwargs or {}), name)
+    fsdp_config = accelerate.get("fsdp_config") or {}
+    fsdp = is_on(fsdp_config.get(FSDP_CHECKPOINTING, False))
+    fsdp2 = int(fsdp_config.get("fsdp_version") or 1) == 2
+    by = "FSDP" if fsdp or (not enabled and fsdp2 and Adapter.from_training(values) is None) else "transformers"
+    return Checkpointing(enabled, dict(kwargs or {}), name, fsdp,
+                         fsdp and is_on(fsdp_config.get(FSDP_CHECKPOINTING_OFFLOAD, False)), by)
 
 
 def alias_ignored(values: dict, explicit: dict[str, tuple[int, str]]) -> list[tuple[str, str, str]]:

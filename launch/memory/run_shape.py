@@ -145,9 +145,9 @@ class RunShape:
         """From a resolved run: its `Layout`, its Accelerate config (the FSDP and CP settings the layout does not
         hold), its merged TRL `SFTConfig` / `ModelConfig` fields (a missing key means the default the recipe's
         train.py gets: `bf16=True` unless fp16, ModelConfig's `dtype="float32"`, transformers' SDPA) and its
-        `Checkpointing` (the two checkpointing names resolved once, launch.config.training_args). A layout without a
-        max_length (`max_length: null`, no truncation) is planned at SFTConfig's default length, the one length
-        there is to plan.
+        `Checkpointing` (transformers' two names and FSDP's own flags resolved once, launch.config.training_args). A
+        layout without a max_length (`max_length: null`, no truncation) is planned at SFTConfig's default length, the
+        one length there is to plan.
         """
         accelerate = accelerate or {}
         training = training or {}
@@ -164,13 +164,9 @@ class RunShape:
             mixed = "no"
         weights = load_dtype(training)
 
-        fsdp_ac = layout.sharding == "fsdp" and is_on(fsdp.get("fsdp_activation_checkpointing", False))
-        gc = checkpointing.enabled or fsdp_ac
-        offload_act = gc and (
-            checkpointing.offload
-            or is_on(training.get("activation_offloading", False))
-            or (fsdp_ac and is_on(fsdp.get("fsdp_activation_checkpointing_offload", False)))
-        )
+        gc = checkpointing.on  # transformers' or FSDP's own
+        offload_act = gc and (checkpointing.offload or checkpointing.fsdp_offload
+                              or is_on(training.get("activation_offloading", False)))
 
         loss = "fused_chunked"  # TRL 1.16 SFTTrainer: fused LM head for nll and dft
         if float(training.get("label_smoothing_factor", 0) or 0) > 0:
@@ -206,4 +202,4 @@ class RunShape:
         `launch.run.resolve` builds them."""
         training = training or {}
         return cls.from_layout(Layout.from_configs(accelerate or {}, training), accelerate, training,
-                               checkpointing(training), device)
+                               checkpointing(training, accelerate), device)

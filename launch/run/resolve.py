@@ -44,7 +44,7 @@ class Setup:
     layout: Layout
     # load dtype, mixed precision, where the fp32 masters live: resolved once here (launch.config.precision)
     precision: Precision
-    checkpointing: Checkpointing  # activation checkpointing as the ranks get it (its two names resolved once)
+    checkpointing: Checkpointing  # activation checkpointing as the ranks get it (transformers' and FSDP's, once)
     explicit: dict  # training key -> where it was given (config.yaml or a layer); the rest are defaults
     output_dir: Path
     notes: list[str] = field(default_factory=list)  # said before starting
@@ -155,7 +155,7 @@ def resolve(options: Options, progress=print, fastest: tuple[list[str], dict] | 
         layout=layout,
         precision=Precision.resolve(layout.kind, accelerate, training, Adapter.from_training(training),
                                     device="cpu" if options.cpu else "gpu", sp=layout.sp),
-        checkpointing=checkpointing(training),
+        checkpointing=checkpointing(training, accelerate),
         explicit=explicit_keys(recipe.config_path, config, layers),
         output_dir=output_dir,
         notes=notes,

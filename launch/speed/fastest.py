@@ -1,13 +1,14 @@
 """`--fastest`: the fastest settings that fit, chosen before the first step.
 
-A search over run shapes, not a second planner (DESIGN.md): each candidate is the run's own `RunShape` with a few of
-the settings that change speed but not what is learned changed, planned by the one memory model (`launch.memory`)
-and costed by the one throughput model (`launch.speed.model`):
+A search over run shapes, not a second planner: each candidate is the run's own `RunShape` with a few of the settings
+that change speed but not what is learned changed, planned by the one memory model (`launch.memory`) and costed by the
+one throughput model (`launch.speed.model`). Each such setting is an axis, declared once in `AXES` (its fields, the
+training arguments it sets, its candidates, its label, how it changes the run shape):
 
 - activation checkpointing: off / on / on with its checkpoints offloaded to host memory, by whoever checkpoints in
-  this run: transformers (`activation_checkpointing`, `activation_checkpointing_kwargs: {offload: ...}`) or FSDP's
-  own (`fsdp_activation_checkpointing`, `fsdp_activation_checkpointing_offload`, FSDP2 only, in the Accelerate
-  config);
+  this run (`Checkpointing.by`, launch.config.training_args): transformers (`activation_checkpointing`,
+  `activation_checkpointing_kwargs: {offload: ...}`) or FSDP's own (`fsdp_activation_checkpointing`,
+  `fsdp_activation_checkpointing_offload`, FSDP2 only, in the Accelerate config);
 - the micro-batch and gradient accumulation at the same tokens per optimizer step (`per_device_train_batch_size` x
   `gradient_accumulation_steps`: every divisor of their product);
 - Liger's layer kernels (`use_liger_kernel`), where they can run: on a GPU with liger-kernel installed (for `plan`,
@@ -18,18 +19,17 @@ and costed by the one throughput model (`launch.speed.model`):
 
 A candidate fits when its memory plan fits the target with the launcher's spare (`MemoryPlan.fits_with_spare`: the
 predicted device memory in use, CUDA context and allocator reserve included, within the GPU's capacity less
-`memory_plan.SPARE`, the planner's measured error, and the node's host memory when known): the preflight says so of
-a run within the spare, and the launcher does not choose such settings itself. The chosen
-candidate is applied as ordinary settings (training arguments, or the two Accelerate launch flags of FSDP's own
-checkpointing), so the run, its summary and `trl sft` see nothing new; what the user gave explicitly (after `--`)
-is never searched over and wins.
+`launch.memory.plan.SPARE`, the planner's measured error, and the node's host memory when known): the preflight says
+so of a run within the spare, and the launcher does not choose such settings itself. The chosen candidate is applied
+as ordinary settings (training arguments, or the two Accelerate launch flags of FSDP's own checkpointing), so the run,
+its summary and `trl sft` see nothing new; what the user gave explicitly (after `--`) is never searched over and wins.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, make_dataclass, replace
+from typing import Callable
 
 from launch import memory
 from launch.facts import pins
@@ -37,33 +37,191 @@ from launch.speed import model as throughput_model
 from launch.facts.machine import installed_versions
 from launch.memory.terms import kernel_length_limits
 from launch.memory.plan import SPARE, MemoryPlan
-from launch.switches import is_on
-from launch.config.profiles import checkpointer
-from launch.config.training_args import AFTER_DASHES
+from launch.config.profiles import as_argv
+from launch.config.training_args import AFTER_DASHES, FSDP_CHECKPOINTING, FSDP_CHECKPOINTING_OFFLOAD
 
-# The training arguments a candidate sets; given explicitly (after `--`), they are the user's and not searched.
-SEARCHED = ("activation_checkpointing", "activation_checkpointing_kwargs", "per_device_train_batch_size",
-            "gradient_accumulation_steps", "use_liger_kernel")
 # Predicted step times within this share of each other are a tie (the model's own error is several times larger):
 # among the fitting candidates that close to the fastest, the one with the lowest planned peak is chosen.
 TIE = 0.01
+LIGER = "liger-kernel"
 
 
 @dataclass(frozen=True)
-class Settings:
-    """The speed settings of one candidate, in the shape `plan --fastest --json` prints."""
+class Space:
+    """What one run's candidates are drawn from: the resolved run (`setup`), its run shape, who checkpoints in it, the
+    searched training arguments the user gave after `--` (kept), and whether liger-kernel counts as installed."""
 
-    activation_checkpointing: bool
-    activation_checkpointing_offload: bool
-    per_device_train_batch_size: int
-    gradient_accumulation_steps: int
-    use_liger_kernel: bool
+    setup: object
+    run: memory.RunShape
+    checkpointing_by: str  # "transformers" or "FSDP"
+    fixed: tuple[str, ...]
+    liger_installed: bool
 
-    def label(self) -> str:
-        ckpt = ("on + offload" if self.activation_checkpointing_offload else "on") if self.activation_checkpointing \
-            else "off"
-        return (f"checkpointing {ckpt}, Liger {'on' if self.use_liger_kernel else 'off'}, micro-batch "
-                f"{self.per_device_train_batch_size} x accumulation {self.gradient_accumulation_steps}")
+
+@dataclass(frozen=True)
+class Axis:
+    """One setting `--fastest` searches, declared once: a new axis is one more `Axis` in `AXES`."""
+
+    name: str
+    fields: tuple[tuple[str, type], ...]  # its fields of `Settings` (their keys in `plan --fastest --json`)
+    arguments: tuple[str, ...]  # the training arguments it sets; one given after `--` keeps the run's own value
+    candidates: Callable[[Space], tuple[list[tuple], str | None]]  # (its values to search, a note on them or None)
+    of_run: Callable[[memory.RunShape], tuple]  # the run shape's own value
+    shape: Callable[[memory.RunShape, tuple], memory.RunShape]  # the run shape with a value
+    apply: Callable[[object, tuple], tuple[dict, dict]]  # (training arguments, Accelerate overrides) that differ
+    word: str | None  # the word before its value in a label ("checkpointing off"), None: the value alone
+    text: Callable[[tuple, str | None, bool], str]  # its value in words: (value, who checkpoints or None, short)
+    column: tuple[str, str]  # (header, format spec) of its column in the table `plan --fastest` prints
+    prefer: Callable[[tuple], tuple]  # among equal predicted step times, the lower first
+    shown: int  # its place in a label and the table
+    tie: int  # its place among the tie-breaks
+
+
+# ---- checkpointing: off, on, on with offload; by transformers or by FSDP ----------------------------------------
+def _checkpointing_candidates(space: Space) -> tuple[list[tuple], None]:
+    # offload under FSDP's own checkpointing: FSDP2 only (Accelerate refuses it with FSDP1); on CPU nothing leaves the
+    # process, so offloading is no candidate there
+    run = space.run
+    offload = run.device == "gpu" and (space.checkpointing_by == "transformers" or run.layout.kind == "fsdp2")
+    return [(False, False), (True, False)] + ([(True, True)] if offload else []), None
+
+
+def _checkpointing_apply(setup, value: tuple) -> tuple[dict, dict]:
+    """Checkpointing goes where the run checkpoints: the training arguments, or FSDP's own two Accelerate flags."""
+    on, offload = value
+    ckpt = setup.checkpointing
+    if ckpt.by == "FSDP":
+        have = {FSDP_CHECKPOINTING: ckpt.fsdp, FSDP_CHECKPOINTING_OFFLOAD: ckpt.fsdp_offload}
+        want = {FSDP_CHECKPOINTING: on, FSDP_CHECKPOINTING_OFFLOAD: offload}
+        accelerate = {k: v for k, v in want.items() if have[k] != v}
+        if not on and accelerate.get(FSDP_CHECKPOINTING) is False:
+            accelerate[FSDP_CHECKPOINTING_OFFLOAD] = False  # Accelerate refuses offload without it
+        return {}, accelerate
+    training: dict = {}
+    if ckpt.enabled != on:
+        training["activation_checkpointing"] = on
+    if on and ckpt.offload != offload:
+        training["activation_checkpointing_kwargs"] = {**ckpt.kwargs, "offload": offload}
+    return training, {}
+
+
+def _checkpointing_text(value: tuple, by: str | None, short: bool) -> str:
+    on, offload = value
+    return "off" if not on else "on" + (f" ({by})" if by else "") + (" + offload" if offload else "")
+
+
+CHECKPOINTING = Axis(
+    name="checkpointing",
+    fields=(("activation_checkpointing", bool), ("activation_checkpointing_offload", bool)),
+    arguments=("activation_checkpointing", "activation_checkpointing_kwargs"),
+    candidates=_checkpointing_candidates,
+    of_run=lambda run: (run.gradient_checkpointing, run.offload_activations),
+    shape=lambda run, v: replace(run, gradient_checkpointing=v[0], offload_activations=v[1]),
+    apply=_checkpointing_apply,
+    word="checkpointing", text=_checkpointing_text, column=("checkpointing", "<26"),
+    prefer=lambda v: (v[1], v[0]), shown=0, tie=1)
+
+
+# ---- the micro-batch and gradient accumulation, at the same tokens per optimizer step -----------------------------
+def _batch_candidates(space: Space) -> tuple[list[tuple], None]:
+    layout = space.run.layout
+    total = layout.per_device_train_batch_size * layout.gradient_accumulation_steps
+    return [(b, total // b) for b in range(1, total + 1) if total % b == 0], None
+
+
+def _batch_apply(setup, value: tuple) -> tuple[dict, dict]:
+    own = (setup.layout.per_device_train_batch_size, setup.layout.gradient_accumulation_steps)
+    names = ("per_device_train_batch_size", "gradient_accumulation_steps")
+    return {k: v for k, v, o in zip(names, value, own) if v != o}, {}
+
+
+BATCH = Axis(
+    name="batch",
+    fields=(("per_device_train_batch_size", int), ("gradient_accumulation_steps", int)),
+    arguments=("per_device_train_batch_size", "gradient_accumulation_steps"),
+    candidates=_batch_candidates,
+    of_run=lambda run: (run.layout.per_device_train_batch_size, run.layout.gradient_accumulation_steps),
+    shape=lambda run, v: replace(run, layout=replace(run.layout, per_device_train_batch_size=v[0],
+                                                     gradient_accumulation_steps=v[1])),
+    apply=_batch_apply,
+    word=None,
+    text=lambda v, by, short: f"{v[0]} x {v[1]}" if short else f"micro-batch {v[0]} x accumulation {v[1]}",
+    column=("batch x acc", ">11"),
+    prefer=lambda v: (v[1],), shown=2, tie=0)
+
+
+# ---- Liger's layer kernels ----------------------------------------------------------------------------------------
+def liger_in_image_lock() -> bool:
+    """`plan` targets a GPU machine set up from the image's lock (requirements/image.lock): Liger counts as installed
+    there when that lock holds liger-kernel."""
+    return pins.normalize(LIGER) in {pins.normalize(name) for name in pins.read_lock(pins.IMAGE_LOCK)}
+
+
+def liger_on_this_machine(gpu_count: int) -> bool:
+    """A run's `--fastest` on this machine: Liger counts as installed when there is a GPU and liger-kernel is
+    (its distribution metadata; nothing imported)."""
+    return gpu_count > 0 and installed_versions((LIGER,)).get(LIGER) is not None
+
+
+def liger_allowed(setup, run: memory.RunShape, installed: bool) -> str | None:
+    """None when Liger's kernels may be among the candidates; else why not, in a few words."""
+    if run.device == "cpu":
+        return "a CPU run (Liger's kernels are Triton, GPU only)"
+    if not installed:
+        return "liger-kernel is not installed"
+    if run.tiled_mlp:
+        return "DeepSpeed's tiled MLP (Liger's SwiGLU would replace its tiled forward)"
+    config = setup.training.get("liger_kernel_config") or {}
+    if isinstance(config, dict) and config.get("fused_linear_cross_entropy"):
+        return "liger_kernel_config asks for Liger's fused linear cross-entropy, which TRL 1.16 refuses"
+    return None
+
+
+def _liger_candidates(space: Space) -> tuple[list[tuple], str]:
+    if no := liger_allowed(space.setup, space.run, space.liger_installed):
+        return [(False,)], f"off: {no}"
+    return [(False,), (True,)], "on and off"
+
+
+LIGER_KERNELS = Axis(
+    name="liger",
+    fields=(("use_liger_kernel", bool),),
+    arguments=("use_liger_kernel",),
+    candidates=_liger_candidates,
+    of_run=lambda run: (run.liger_kernels,),
+    shape=lambda run, v: replace(run, liger_kernels=v[0]),
+    apply=lambda setup, v: ({"use_liger_kernel": v[0]} if bool(setup.training.get("use_liger_kernel")) != v[0]
+                            else {}, {}),
+    word="Liger", text=lambda v, by, short: "on" if v[0] else "off", column=("Liger", "<5"),
+    prefer=lambda v: (not v[0],), shown=1, tie=2)
+
+
+# The axes, in the order of their fields (and of the training arguments a choice sets).
+AXES = (CHECKPOINTING, BATCH, LIGER_KERNELS)
+SHOWN = sorted(AXES, key=lambda axis: axis.shown)
+# The training arguments a candidate sets; given explicitly (after `--`), they are the user's and not searched.
+SEARCHED = tuple(argument for axis in AXES for argument in axis.arguments)
+
+
+def _value(settings, axis: Axis) -> tuple:
+    return tuple(getattr(settings, name) for name, _type in axis.fields)
+
+
+def label(settings, by: str | None = None, short: bool = False) -> str:
+    """A run's speed settings in words, the one wording of them: "checkpointing on + offload, Liger on, micro-batch 2 x
+    accumulation 1" (`short`: "..., 2 x 1"; `by`: who checkpoints, "on (FSDP)")."""
+    return ", ".join((f"{axis.word} " if axis.word else "") + axis.text(_value(settings, axis), by, short)
+                     for axis in SHOWN)
+
+
+def _of_run(run: memory.RunShape) -> "Settings":
+    """The settings a run shape has."""
+    return Settings(*(v for axis in AXES for v in axis.of_run(run)))
+
+
+# The speed settings of one candidate, in the shape `plan --fastest --json` prints: the fields of every axis.
+Settings = make_dataclass("Settings", [field for axis in AXES for field in axis.fields], frozen=True,
+                          namespace={"label": label, "of_run": staticmethod(_of_run)})
 
 
 @dataclass(frozen=True)
@@ -117,13 +275,6 @@ class Search:
                 "checkpointing_by": self.checkpointing_by, "liger": self.liger, "fixed": list(self.fixed)}
 
 
-def checkpointing_by(setup) -> str:
-    """Who checkpoints in this run when it does (`launch.config.profiles.checkpointer`): FSDP's own (the Accelerate
-    config's
-    `fsdp_activation_checkpointing`) or transformers' (the training arguments)."""
-    return checkpointer(setup.training, setup.accelerate)
-
-
 def user_given(setup) -> tuple[str, ...]:
     """The searched settings the user gave after `--` (they win, so they are kept)."""
     given = {key for key, (_rank, source) in setup.explicit.items() if source == AFTER_DASHES}
@@ -132,126 +283,55 @@ def user_given(setup) -> tuple[str, ...]:
     return tuple(k for k in SEARCHED if k in given)
 
 
-LIGER = "liger-kernel"
-
-
-def liger_in_image_lock() -> bool:
-    """`plan` targets a GPU machine set up from the image's lock (requirements/image.lock): Liger counts as installed
-    there when that lock holds liger-kernel."""
-    return pins.normalize(LIGER) in {pins.normalize(name) for name in pins.read_lock(pins.IMAGE_LOCK)}
-
-
-def liger_on_this_machine(gpu_count: int) -> bool:
-    """A run's `--fastest` on this machine: Liger counts as installed when there is a GPU and liger-kernel is
-    (its distribution metadata; nothing imported)."""
-    return gpu_count > 0 and installed_versions((LIGER,)).get(LIGER) is not None
-
-
-def liger_allowed(setup, run: memory.RunShape, installed: bool) -> str | None:
-    """None when Liger's kernels may be among the candidates; else why not, in a few words."""
-    if run.device == "cpu":
-        return "a CPU run (Liger's kernels are Triton, GPU only)"
-    if not installed:
-        return "liger-kernel is not installed"
-    if run.tiled_mlp:
-        return "DeepSpeed's tiled MLP (Liger's SwiGLU would replace its tiled forward)"
-    config = setup.training.get("liger_kernel_config") or {}
-    if isinstance(config, dict) and config.get("fused_linear_cross_entropy"):
-        return "liger_kernel_config asks for Liger's fused linear cross-entropy, which TRL 1.16 refuses"
-    return None
-
-
 def search(setup, plan: MemoryPlan, *, liger_installed: bool, peak_flops: float | None = None) -> Search:
     """Every candidate of the run `plan` planned (its run shape on its target), ranked by predicted step time
-    (fastest first; at equal time the fewer micro-batches, then no offload, then no checkpointing), and the fastest
-    that fits (within `TIE` of it, the one with the most headroom)."""
+    (fastest first; at equal time by each axis' `prefer`: the fewer micro-batches, then no offload, then no
+    checkpointing, then Liger), and the fastest that fits (within `TIE` of it, the one with the most headroom)."""
     run = plan.run
-    by = checkpointing_by(setup)
     fixed = user_given(setup)
-    no_liger = liger_allowed(setup, run, liger_installed)
-    if "use_liger_kernel" in fixed:
-        ligers, liger_note = [run.liger_kernels], "as given after `--`"
-    elif no_liger:
-        ligers, liger_note = [False], f"off: {no_liger}"
-    else:
-        ligers, liger_note = [False, True], "on and off"
-    if "activation_checkpointing" in fixed or "activation_checkpointing_kwargs" in fixed:
-        modes = [(run.gradient_checkpointing, run.offload_activations)]
-    else:
-        # offload under FSDP's own checkpointing: FSDP2 only (Accelerate refuses it with FSDP1); on CPU nothing
-        # leaves the process, so offloading is no candidate there
-        offload = run.device == "gpu" and (by == "transformers" or run.layout.kind == "fsdp2")
-        modes = [(False, False), (True, False)] + ([(True, True)] if offload else [])
-    batch, accumulation = run.layout.per_device_train_batch_size, run.layout.gradient_accumulation_steps
-    if "per_device_train_batch_size" in fixed or "gradient_accumulation_steps" in fixed:
-        layouts = [(batch, accumulation)]
-    else:
-        total = batch * accumulation
-        layouts = [(b, total // b) for b in range(1, total + 1) if total % b == 0]
+    space = Space(setup, run, setup.checkpointing.by, fixed, liger_installed)
+    values, notes = [], {}
+    for axis in AXES:
+        if set(axis.arguments) & set(fixed):
+            values.append([axis.of_run(run)])
+            notes[axis.name] = "as given after `--`"
+        else:
+            found, notes[axis.name] = axis.candidates(space)
+            values.append(found)
     candidates = []
-    for (ckpt, offload), (b, g), liger in itertools.product(modes, layouts, ligers):
-        settings = Settings(ckpt, offload, b, g, liger)
-        shaped = replace(run, gradient_checkpointing=ckpt, offload_activations=offload, liger_kernels=liger,
-                         layout=replace(run.layout, per_device_train_batch_size=b, gradient_accumulation_steps=g))
-        planned = plan.with_run(shaped)
+    for value in itertools.product(*values):
+        shaped = run
+        for axis, v in zip(AXES, value):
+            shaped = axis.shape(shaped, v)
+        limits = [limit for _reason, limit in kernel_length_limits(plan.arch, shaped)]
         excluded = None
-        if liger:
-            limits = [limit for _reason, limit in kernel_length_limits(plan.arch, shaped)]
-            if limits and shaped.layout.max_length > min(limits):
-                excluded = (f"Liger's kernels index tokens x hidden with int32 (Liger-Kernel #803): at most "
-                            f"{min(limits):,} tokens here")
-        candidates.append(Candidate(settings, planned, throughput_model.predict(plan.arch, shaped, peak_flops),
-                                    excluded))
-    candidates.sort(key=lambda c: (round(c.cost.step_s, 6), c.settings.gradient_accumulation_steps,
-                                   c.settings.activation_checkpointing_offload, c.settings.activation_checkpointing,
-                                   not c.settings.use_liger_kernel))
+        if limits and shaped.layout.max_length > min(limits):
+            excluded = (f"Liger's kernels index tokens x hidden with int32 (Liger-Kernel #803): at most "
+                        f"{min(limits):,} tokens here")
+        candidates.append(Candidate(Settings(*(x for v in value for x in v)), plan.with_run(shaped),
+                                    throughput_model.predict(plan.arch, shaped, peak_flops), excluded))
+    ties = sorted(AXES, key=lambda axis: axis.tie)
+    candidates.sort(key=lambda c: (round(c.cost.step_s, 6),
+                                   *(x for axis in ties for x in axis.prefer(_value(c.settings, axis)))))
     fitting = [c for c in candidates if c.fits]
     chosen = None
     if fitting:
         # within TIE of the fastest that fits, the model cannot tell them apart: the most headroom wins
         near = [c for c in fitting if c.cost.step_s <= fitting[0].cost.step_s * (1 + TIE)]
         chosen = min(near, key=lambda c: c.plan.estimate.gpu_peak_gib)
-    return Search(candidates, chosen, by, liger_note, fixed)
+    return Search(candidates, chosen, space.checkpointing_by, notes[LIGER_KERNELS.name], fixed)
 
 
-def arguments(setup, settings: Settings) -> tuple[list[str], dict]:
+def arguments(setup, settings) -> tuple[list[str], dict]:
     """The chosen settings as ordinary settings of this run: (training argv, Accelerate launch overrides), only
-    those that differ from what the run resolved to. Checkpointing goes where the run checkpoints: the training
-    arguments, or FSDP's own two Accelerate flags."""
-    run_ckpt = setup.checkpointing
+    those that differ from what the run resolved to (each axis' `apply`)."""
     training: dict = {}
     accelerate: dict = {}
-    if checkpointing_by(setup) == "FSDP":
-        fsdp = setup.accelerate.get("fsdp_config") or {}
-        want = {"fsdp_activation_checkpointing": settings.activation_checkpointing,
-                "fsdp_activation_checkpointing_offload": settings.activation_checkpointing_offload}
-        accelerate = {k: v for k, v in want.items() if is_on(fsdp.get(k, False)) != v}
-        if not settings.activation_checkpointing and accelerate.get("fsdp_activation_checkpointing") is False:
-            accelerate["fsdp_activation_checkpointing_offload"] = False  # Accelerate refuses offload without it
-    else:
-        if run_ckpt.enabled != settings.activation_checkpointing:
-            training["activation_checkpointing"] = settings.activation_checkpointing
-        if settings.activation_checkpointing and run_ckpt.offload != settings.activation_checkpointing_offload:
-            training["activation_checkpointing_kwargs"] = {**run_ckpt.kwargs,
-                                                           "offload": settings.activation_checkpointing_offload}
-    layout = setup.layout
-    if layout.per_device_train_batch_size != settings.per_device_train_batch_size:
-        training["per_device_train_batch_size"] = settings.per_device_train_batch_size
-    if layout.gradient_accumulation_steps != settings.gradient_accumulation_steps:
-        training["gradient_accumulation_steps"] = settings.gradient_accumulation_steps
-    if bool(setup.training.get("use_liger_kernel")) != settings.use_liger_kernel:
-        training["use_liger_kernel"] = settings.use_liger_kernel
-    argv: list[str] = []
-    for key, value in training.items():
-        argv += [f"--{key}", json.dumps(value) if isinstance(value, dict) else
-                 ("true" if value else "false") if isinstance(value, bool) else str(value)]
-    return argv, accelerate
-
-
-def _ckpt_label(s: Settings, by: str) -> str:
-    if not s.activation_checkpointing:
-        return "off"
-    return f"on ({by})" + (" + offload" if s.activation_checkpointing_offload else "")
+    for axis in AXES:
+        more_training, more_accelerate = axis.apply(setup, _value(settings, axis))
+        training.update(more_training)
+        accelerate.update(more_accelerate)
+    return as_argv(training), accelerate
 
 
 def describe(found: Search) -> str:
@@ -265,15 +345,15 @@ def describe(found: Search) -> str:
              f"{target.gpu_memory_gib * (1 - SPARE):.1f} GiB" if target else "",
              f"  checkpointing by {found.checkpointing_by}; Liger: {found.liger}"
              + (f"; kept as given after `--`: {', '.join(found.fixed)}" if found.fixed else "") + ")"]
-    head = (f"  {'#':>2}  {'checkpointing':<26} {'Liger':<5} {'batch x acc':>11}  {'peak GiB':>8}  {'fits':<4}  "
-            f"{'tokens/s/GPU':>12}  {'step s':>7}  {'MFU':>6}  {'causal':>6}  {'HFU':>6}")
+    head = (f"  {'#':>2}  " + " ".join(f"{axis.column[0]:{axis.column[1]}}" for axis in SHOWN)
+            + f"  {'peak GiB':>8}  {'fits':<4}  {'tokens/s/GPU':>12}  {'step s':>7}  {'MFU':>6}  {'causal':>6}  "
+            f"{'HFU':>6}")
     lines.append(head)
     for i, c in enumerate(found.candidates, 1):
-        s = c.settings
         mark = "  <- fastest that fits" if c is found.chosen else ""
-        liger = "on" if s.use_liger_kernel else "off"
-        lines.append(f"  {i:>2}  {_ckpt_label(s, found.checkpointing_by):<26} {liger:<5} "
-                     f"{f'{s.per_device_train_batch_size} x {s.gradient_accumulation_steps}':>11}  "
+        cells = " ".join(f"{axis.text(_value(c.settings, axis), found.checkpointing_by, True):{axis.column[1]}}"
+                         for axis in SHOWN)
+        lines.append(f"  {i:>2}  {cells}  "
                      f"{c.plan.estimate.gpu_peak_gib:>8.1f}  {'yes' if c.fits else 'no':<4}  "
                      f"{c.cost.tokens_per_s_per_gpu:>12,.0f}  {c.cost.step_s:>7.3f}  "
                      f"{100 * c.cost.utilization('model'):>5.1f}%  {100 * c.cost.utilization('model_causal'):>5.1f}%  "
