@@ -298,7 +298,7 @@ COPY . /app
 RUN pip install --no-cache-dir --no-deps --no-build-isolation -e /app \
     && chmod -R go-w /app \
     && mkdir -p /app/outputs && chmod 1777 /app/outputs \
-    && python -m launch.facts.pins check --exact /opt/pins/expected.lock
+    && python -m launch.lockfile check --exact /opt/pins/expected.lock
 
 # Caches on the volume mounted at /cache (docker-compose.yml): Hugging Face hub/datasets, DeepSpeed and
 # torch JIT extensions, Triton kernels, flash-attn-4's compiled kernels (its persistent JIT cache, keyed by a

@@ -21,7 +21,7 @@
 #   tools-list     docker compose run tools list
 #   tools-plan     docker compose run tools plan zero3 ...        (the model's config.json from docs/model_configs)
 #   pip-check      pip check
-#   pins           python -m launch.facts.pins check --exact requirements/image.lock (with FLASH_ATTN=1: the image's
+#   pins           python -m launch.lockfile check --exact requirements/image.lock (with FLASH_ATTN=1: the image's
 #                  /opt/pins/expected.lock, image.lock plus flash-attn)
 #   imports        torch, transformers, accelerate, deepspeed, trl, datasets, peft, bitsandbytes, liger_kernel,
 #                  trackio, flash_attn.cute (flash-attn-4) (+ flash_attn_2_cuda)
@@ -244,7 +244,7 @@ if [ "$build_rc" = 0 ]; then
     check tools-plan "${compose[@]}" run --rm -T tools plan zero3 --gpus 8 --gpu-memory 80 \
         --model docs/model_configs/Qwen--Qwen3-8B
     check pip-check "${in_image[@]}" pip cpu check
-    check pins "${in_image[@]}" python cpu -m launch.facts.pins check --exact "$lock"
+    check pins "${in_image[@]}" python cpu -m launch.lockfile check --exact "$lock"
     check imports "${in_image[@]}" python cpu -c "import importlib, importlib.metadata as m
 for name in '$modules'.split():
     mod = importlib.import_module(name)

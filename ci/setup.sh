@@ -25,9 +25,10 @@
 #                    the bundle's, the Python of the machine's torch)
 #   --check          change nothing: exit 0 when the virtualenv matches the lock, 1 when not
 #
-# --gpu and --from write a setup marker into the virtualenv (llm-recipes-setup.json, launch/facts/pins.py): the lock it
-# was set up from, and from a bundle the packages left to the machine's torch build; `python -m launch doctor`
-# judges the environment against that lock and reports the machine's torch build beside it without failing on it.
+# --gpu and --from write a setup marker into the virtualenv (llm-recipes-setup.json, by launch.lockfile's `mark`):
+# the lock it was set up from, and from a bundle the packages left to the machine's torch build; `python -m launch
+# doctor` judges the environment against that lock and reports the machine's torch build beside it without failing
+# on it.
 #
 # torch is its CPU build (torch==<pin>+cpu in the lock), which is not on the package index: pip takes it from
 # a wheel directory it is already configured with (PIP_FIND_LINKS, pip.conf), else from PyTorch's CPU wheel page.
@@ -78,7 +79,7 @@ TORCH_CPU_WHEELS=${TORCH_CPU_WHEELS:-https://download.pytorch.org/whl/cpu/torch/
 # The packages published as source only (the names in requirements/uv.toml) are built here without build
 # isolation, by the build backends of the lock, which are installed first; everything else is a wheel.
 source_only=$(sed -n 's/^name = "\(.*\)"$/\1/p' requirements/uv.toml | paste -sd, -)
-# lock_entries LOCK NAME...: those entries of LOCK with their --hash lines (awk: launch.facts.pins needs `packaging`,
+# lock_entries LOCK NAME...: those entries of LOCK with their --hash lines (awk: launch.lockfile needs `packaging`,
 # which a new virtualenv does not have yet)
 lock_entries() {
     awk -v names=" ${*:2} " '/^[^ #]/ { split($1, a, "=="); keep = index(names, " " tolower(a[1]) " ") > 0 }
@@ -95,11 +96,11 @@ if [ "$mode" = bundle ]; then
     bundle_platform=${bundle_platform:-$target_platform}
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
-    # launch.facts.pins lists the bundle (it needs `packaging`) and pip downloads it (DeepSpeed's sdist: pip reads its
-    # metadata with setuptools' own bdist_wheel, setuptools >= 70.1, without build isolation; nothing is built).
+    # launch.lockfile lists the bundle (it needs `packaging` only) and pip downloads it (DeepSpeed's sdist: pip reads
+    # its metadata with setuptools' own bdist_wheel, setuptools >= 70.1, without build isolation; nothing is built).
     # PYTHON when it has all three, else a throwaway virtualenv with image.lock's packaging and setuptools,
     # hash-checked (--list needs `packaging` only).
-    pins() { PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$tool" -m launch.facts.pins "$@"; }
+    lockfile() { PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$tool" -m launch.lockfile "$@"; }
     tool=$PYTHON
     needs='import packaging, pip, setuptools.command.bdist_wheel'
     $list_only && needs='import packaging'
@@ -111,12 +112,12 @@ if [ "$mode" = bundle ]; then
             -r "$tmp/tools.lock"
     fi
     if $list_only; then
-        pins bundle "$dir" --python-version "$bundle_python" --platform "$bundle_platform" --list "${names[@]}"
+        lockfile bundle "$dir" --python-version "$bundle_python" --platform "$bundle_platform" --list "${names[@]}"
         exit 0
     fi
-    pins bundle "$dir" --python-version "$bundle_python" --platform "$bundle_platform" "${names[@]}"
+    lockfile bundle "$dir" --python-version "$bundle_python" --platform "$bundle_platform" "${names[@]}"
     platforms=()
-    while read -r tag; do platforms+=(--platform "$tag"); done < <(pins platforms "$bundle_platform")
+    while read -r tag; do platforms+=(--platform "$tag"); done < <(lockfile platforms "$bundle_platform")
     # --no-deps: bundle.lock is the whole set; --require-hashes: every file against the lock's sha256
     "$tool" -m pip --disable-pip-version-check download --quiet --require-hashes --no-deps --no-build-isolation \
         --only-binary=:all: --no-binary="$source_only" --implementation cp --python-version "$bundle_python" \
@@ -174,15 +175,15 @@ esac
 # --gpu and --from: the setup marker (the lock, and the packages left to the machine's torch build)
 mark() {
     case "$mode" in
-        gpu) "$py" -m launch.facts.pins mark "$VENV" "$LOCK" "$setup_command" > /dev/null ;;
-        from) "$py" -m launch.facts.pins mark "$VENV" requirements/image.lock "$setup_command" "$dir" > /dev/null ;;
+        gpu) "$py" -m launch.lockfile mark "$VENV" "$LOCK" "$setup_command" > /dev/null ;;
+        from) "$py" -m launch.lockfile mark "$VENV" requirements/image.lock "$setup_command" "$dir" > /dev/null ;;
     esac
 }
 
-# Up to date: every package of the lock is installed at its version (launch/facts/pins.py reads the lock; it needs
+# Up to date: every package of the lock is installed at its version (launch.lockfile reads the lock; it needs
 # `packaging`, so on a new virtualenv this fails and the install runs) and `launch` is this checkout's.
 up_to_date() {
-    "$py" -m launch.facts.pins check "$LOCK" > /dev/null 2>&1 \
+    "$py" -m launch.lockfile check "$LOCK" > /dev/null 2>&1 \
         && [ "$(cd / && "$py" -c 'import launch; print(launch.__file__)' 2>/dev/null)" = "$PWD/launch/__init__.py" ]
 }
 
@@ -193,7 +194,7 @@ if up_to_date; then
 fi
 if $check_only; then
     echo "ci/setup.sh: $VENV differs from $LOCK:" >&2
-    "$py" -m launch.facts.pins check "$LOCK" >&2 || true
+    "$py" -m launch.lockfile check "$LOCK" >&2 || true
     exit 1
 fi
 
@@ -229,7 +230,7 @@ else
 fi
 if ! up_to_date; then
     echo "ci/setup.sh: $VENV still differs from $LOCK:" >&2
-    "$py" -m launch.facts.pins check "$LOCK" >&2 || true
+    "$py" -m launch.lockfile check "$LOCK" >&2 || true
     exit 1
 fi
 mark

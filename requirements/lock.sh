@@ -12,7 +12,7 @@
 # of that version on the index (wheels for all platforms and the sdist), or of the local wheel it was resolved
 # from (torch's CPU build), and every install of a lock is `pip install --require-hashes` (ci/setup.sh, the
 # Dockerfile): a file whose bytes differ from the ones locked here is refused. The resolver's own constraint
-# files (one lock's versions held for another) are written without hashes by `python -m launch.facts.pins constraints`.
+# files (one lock's versions held for another) are written without hashes by `python -m launch.lockfile constraints`.
 #
 #   cpu.lock          CPython 3.11, x86_64-manylinux_2_28: the virtualenv of ci/setup.sh (CI, quickstart).
 #                     torch is its CPU build (torch==<pin>+cpu), so no nvidia-* package is in it.
@@ -52,7 +52,7 @@ done
 for tool in "$UV" "$PYTHON"; do
     [ -x "$tool" ] || { echo "lock.sh: $tool not found: run \`bash ci/setup.sh\` first (or set UV and PYTHON)" >&2; exit 2; }
 done
-pin() { "$PYTHON" -m launch.facts.pins pin "$1"; }
+pin() { "$PYTHON" -m launch.lockfile pin "$1"; }
 uv_version=$("$UV" --version | awk '{print $2}')
 if [ "$uv_version" != "$(pin uv)" ]; then
     echo "lock.sh: $UV is uv $uv_version but pins.txt has uv==$(pin uv): the locks are written with the pinned uv" >&2
@@ -95,7 +95,7 @@ check() {  # check LOCK INPUT: resolve the set under the lock's own pins; the an
     local lock=$1 input=$2 resolved err="$tmp/err"
     resolved="$tmp/$(basename "$1")"
     : > "$resolved"
-    if ! "$PYTHON" -m launch.facts.pins constraints "$lock" > "$tmp/constraints.txt" 2> "$err"; then
+    if ! "$PYTHON" -m launch.lockfile constraints "$lock" > "$tmp/constraints.txt" 2> "$err"; then
         echo "lock.sh --check: $lock cannot be read:" >&2
         cat "$err" >&2
         echo "Regenerate the locks: bash requirements/lock.sh" >&2
@@ -112,7 +112,7 @@ check() {  # check LOCK INPUT: resolve the set under the lock's own pins; the an
         echo "Regenerate the locks: bash requirements/lock.sh" >&2
         exit 1
     fi
-    if ! "$PYTHON" -m launch.facts.pins compare "$lock" "$resolved" > "$tmp/diff"; then
+    if ! "$PYTHON" -m launch.lockfile compare "$lock" "$resolved" > "$tmp/diff"; then
         echo "lock.sh --check: $lock is not exactly the set $input needs, each entry with its hashes:" >&2
         sed 's/^/  /' "$tmp/diff" >&2
         echo "Regenerate the locks: bash requirements/lock.sh" >&2
@@ -147,14 +147,14 @@ write_lock requirements/cpu.lock "$tmp/cpu.lock" "$CPU_PYTHON" cpu.in \
     "what ci/setup.sh installs (CI, the quickstart without Docker)."
 
 # --- image.lock: shared packages at their cpu.lock versions -----------------------------------------------
-"$PYTHON" -m launch.facts.pins constraints requirements/cpu.lock --without torch > "$tmp/cpu-lock-versions.txt"
+"$PYTHON" -m launch.lockfile constraints requirements/cpu.lock --without torch > "$tmp/cpu-lock-versions.txt"
 [ -f requirements/image.lock ] && cp requirements/image.lock "$tmp/image.lock"
 compile "$IMAGE_PYTHON" requirements/image.in "$tmp/image.lock" -c "$tmp/cpu-lock-versions.txt" --quiet "${uv_extra[@]}"
 write_lock requirements/image.lock "$tmp/image.lock" "$IMAGE_PYTHON" image.in \
     "every package the GPU image installs (Dockerfile)."
 
 # --- image-build.lock: the subset for the torch and flash-attn layers -------------------------------------
-"$PYTHON" -m launch.facts.pins constraints requirements/image.lock > "$tmp/image-lock-versions.txt"
+"$PYTHON" -m launch.lockfile constraints requirements/image.lock > "$tmp/image-lock-versions.txt"
 : > "$tmp/image-build.lock"
 compile "$IMAGE_PYTHON" requirements/image-build.in "$tmp/image-build.lock" -c "$tmp/image-lock-versions.txt" --quiet
 write_lock requirements/image-build.lock "$tmp/image-build.lock" "$IMAGE_PYTHON" image-build.in \

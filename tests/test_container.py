@@ -30,6 +30,7 @@ from helpers.container_checks import (
     memlock_problems, pins_and_locks_problems, read_locks, receipt_inputs_sha256, receipt_problems, resolved_compose,
     run, runtime_uid_problems, source_only_packages, tool,
 )
+from launch.facts import bundle as bundlefiles
 from launch.facts import pins as pinfiles
 
 HASH = "--hash=sha256:" + "0" * 64
@@ -333,7 +334,7 @@ def test_the_test_venv_is_the_cpu_lock(tmp_path):
     # and the comparison fails where a package differs from its lock entry
     lock = tmp_path / "cpu.lock"
     lock.write_text(re.sub(r"(?m)^numpy==\S+", "numpy==1.0.0", LOCKS["cpu"].read_text()))
-    proc = run([sys.executable, "-m", "launch.facts.pins", "check", str(lock)], cwd=ROOT)
+    proc = run([sys.executable, "-m", "launch.lockfile", "check", str(lock)], cwd=ROOT)
     assert proc.returncode == 1 and "numpy" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -356,7 +357,7 @@ def test_the_bundle_is_the_image_lock_less_the_torch_build():
     triton and the CUDA wheels of the image's torch layer, and torch's own dependencies nothing else needs); the CUDA
     packages flash-attn-4 brings for itself stay in it."""
     image_text = LOCKS["image"].read_text()
-    entries, left = pinfiles.bundle_entries()
+    entries, left = bundlefiles.bundle_entries()
     image, layer = pinfiles.read_lock(LOCKS["image"]), pinfiles.read_lock(LOCKS["image-build"])
     assert set(entries) | set(left) == set(image) and not set(entries) & set(left)
     assert list(entries) == [name for name in image if name not in left]  # the lock's order
@@ -367,19 +368,19 @@ def test_the_bundle_is_the_image_lock_less_the_torch_build():
     assert hashes.keys() == entries.keys() and all(hashes.values())
     assert hashes["numpy"] == pinfiles.read_hashes(LOCKS["image"])["numpy"]
     # the rule reads uv's `# via` annotations: a package something else of the set needs stays in the bundle
-    via = pinfiles.parse_via(image_text)
+    via = bundlefiles.parse_via(image_text)
     assert via["sympy"] == {"torch"} and "-r requirements/image.in" in via["setuptools"]
     needed = re.sub(r"(?m)^(sympy==.*\n(?:    --hash=.*\n)+    # via\n)", r"\1    #   datasets\n", image_text)
-    assert needed != image_text and "sympy" not in pinfiles.torch_build(needed, set(layer))
+    assert needed != image_text and "sympy" not in bundlefiles.torch_build(needed, set(layer))
     # only some packages (to refresh one), and a name that is not the bundle's
-    assert list(pinfiles.bundle_entries(only=["PyYAML", "numpy"])[0]) == ["pyyaml", "numpy"]
+    assert list(bundlefiles.bundle_entries(only=["PyYAML", "numpy"])[0]) == ["pyyaml", "numpy"]
     with pytest.raises(pinfiles.PinError, match=r"torch \(the machine's torch build\), vllm \(not in image.lock\)"):
-        pinfiles.bundle_entries(only=["torch", "vllm"])
+        bundlefiles.bundle_entries(only=["torch", "vllm"])
     # PEP 600: a manylinux_2_28 machine installs every older manylinux wheel (bitsandbytes is manylinux_2_24)
-    tags = pinfiles.pip_platforms("manylinux_2_28_x86_64")
+    tags = bundlefiles.pip_platforms("manylinux_2_28_x86_64")
     assert tags[0] == "manylinux_2_28_x86_64" and {"manylinux_2_24_x86_64", "manylinux2014_x86_64",
                                                    "manylinux1_x86_64"} <= set(tags) and len(tags) == 27
-    assert pinfiles.lock_target(LOCKS["image"]) == ("3.13", "manylinux_2_28_x86_64")
+    assert bundlefiles.lock_target(LOCKS["image"]) == ("3.13", "manylinux_2_28_x86_64")
 
 
 def test_setup_sh_gpu_modes_check_their_inputs_before_installing(tmp_path):
@@ -388,7 +389,7 @@ def test_setup_sh_gpu_modes_check_their_inputs_before_installing(tmp_path):
     python = {"PYTHON": sys.executable}
     proc = setup_sh("--bundle", tmp_path / "b", "--list", "--python-version", "3.12", env=python)
     assert proc.returncode == 0, proc.stderr
-    entries, left = pinfiles.bundle_entries()
+    entries, left = bundlefiles.bundle_entries()
     listed = proc.stdout.splitlines()
     assert listed[:-1] == [block.split(" ", 1)[0] for block in entries.values()]
     assert listed[-1] == (f"# {len(entries)} packages for CPython 3.12 manylinux_2_28_x86_64; left to the machine's "
@@ -400,7 +401,7 @@ def test_setup_sh_gpu_modes_check_their_inputs_before_installing(tmp_path):
     assert not (tmp_path / "venv").exists()
     proc = setup_sh("--gpu", "--check", env={"VENV": str(tmp_path / "venv")})
     assert proc.returncode == 1 and f"no virtualenv at {tmp_path / 'venv'}" in proc.stderr
-    pinfiles.write_bundle(tmp_path / "old", "3.11", "manylinux_2_28_x86_64", only=["packaging"])
+    bundlefiles.write_bundle(tmp_path / "old", "3.11", "manylinux_2_28_x86_64", only=["packaging"])
     manifest = tmp_path / "old" / pinfiles.BUNDLE_MANIFEST
     manifest.write_text(manifest.read_text().replace(pinfiles.sha256(LOCKS["image"]), "0" * 64))
     proc = setup_sh("--from", tmp_path / "old", env={**python, "VENV": str(tmp_path / "venv")})
@@ -640,7 +641,7 @@ def test_ci_image_script_runs_every_recorded_check():
     for name in SCRIPT_CHECKS:
         assert re.search(rf"^\s*check {re.escape(name)} ", script, flags=re.MULTILINE), name
     for command in ("run --rm -T tools doctor", "run --rm -T tools list", "run --rm -T tools plan zero3",
-                    "pip cpu check", "-m launch.facts.pins check --exact", "-m launch.checks.image",
+                    "pip cpu check", "-m launch.lockfile check --exact", "-m launch.checks.image",
                     "run --rm -T cpu zero3\n", "--user 4321:4321", "--profile multinode run --rm -T node",
                     "build --progress plain", "bash ci/setup.sh", "ci/image_receipt.py write"):
         assert command in script, command

@@ -6,6 +6,7 @@ import pytest
 
 from helpers.launcher import explain, launch_cli
 from launch.checks import doctor as doctor_module
+from launch.facts import bundle as bundlefiles
 from launch.facts import pins as pinfiles
 from launch.checks.doctor import GPU_ONLY, IMAGE_OPTIONAL, read_pins, run_doctor
 from launch.facts.machine import REPORTED
@@ -208,7 +209,7 @@ def test_a_bundle_venv_reports_the_machines_torch_build_without_failing_on_it(tm
     differ from image.lock by choice; doctor names each difference in one line and counts none of them, while any
     other package that differs is a problem. The loaded cuDNN is held to the machine's own cuDNN wheel."""
     image = pinfiles.read_lock(pinfiles.IMAGE_LOCK)
-    manifest = pinfiles.write_bundle(tmp_path / "bundle", "3.12", "manylinux_2_28_x86_64")
+    manifest = bundlefiles.write_bundle(tmp_path / "bundle", "3.12", "manylinux_2_28_x86_64")
     pinfiles.write_marker(tmp_path, pinfiles.IMAGE_LOCK, "ci/setup.sh --from bundle", tmp_path / "bundle")
     host = pinfiles.host_lock(False, prefix=tmp_path)
     assert host.machine == frozenset(manifest["machine_packages"])
