@@ -1,5 +1,5 @@
-"""`python -m launch.lockfile VERB ...`: the pins and the locks from the shell, for the scripts that set up and check
-an environment (run from the repository root):
+"""`python -m launch.lockfile VERB ...`: the pins and the locks from the shell, for the scripts that set up and check an
+environment before the launcher itself can run. From the repository root:
 
     pin NAME                          print NAME's version in pins.txt
     check [--exact] LOCK              exit 1 unless every package of LOCK is installed at its version
