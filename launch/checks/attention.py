@@ -39,12 +39,9 @@ class AttentionFacts:
                 and self.flash_attn_4 is not None and self.flash_attn_4_error is None)
 
 
-# The layouts whose attention rules differ: ring-attention CP (torch dispatches SDPA only), Ulysses SP
-# (Accelerate's list), everything else (padded batches under DDP, ZeRO or FSDP).
-PATHS = {"cp": "ring-attention CP", "sp": "Ulysses SP", "dp": "padded batches"}
-
-
 def attention_path(accelerate: dict) -> str:
+    """The layout whose attention rules apply to a recipe: "cp" (ring-attention CP: torch dispatches SDPA only), "sp"
+    (Ulysses SP: Accelerate's list) or "dp" (everything else: padded batches under DDP, ZeRO or FSDP)."""
     pc = accelerate.get("parallelism_config") or {}
     if int(pc.get(MESH_KEYS["cp"], 1) or 1) > 1:
         return "cp"

@@ -44,13 +44,6 @@ def version_problems(versions: dict, pins: dict, strict: bool) -> list[str]:
     return problems
 
 
-def lock_for(strict: bool):
-    """The lock this environment was set up from (launch.facts.pins.host_lock: its setup marker's, else the image's in
-    the
-    container (strict), else the CPU venv's)."""
-    return pinfiles.host_lock(strict).path
-
-
 def lock_problems(strict: bool, installed: dict | None = None, skip=(),
                   host: pinfiles.HostLock | None = None) -> list[str]:
     """Installed versions against the lock the environment was set up from (`host`, default

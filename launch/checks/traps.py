@@ -42,9 +42,8 @@ from launch.facts.pins import normalize
 
 NOT_CHECKED = "no GPU: not checked"
 CUDNN_WHEEL = "nvidia-cudnn-cu13"
-CUDA_RUNTIME_WHEEL = "cuda-toolkit"
-# Compute capabilities where cuDNN attention is the fast path (Hopper, Blackwell): REFERENCE "Throughput
-# conventions": cuDNN SDPA 1.7-2.3x faster than the flash backend on Hopper, slower on A100.
+# Compute capabilities where cuDNN attention is the fast path (Hopper, Blackwell): cuDNN SDPA is 1.7-2.3x faster than
+# the flash backend on Hopper, slower on A100.
 CUDNN_ATTENTION_MAJORS = (9, 10)
 # FlashAttention 4 (the flash-attn-4 wheel, CuTe DSL): transformers 5.23 runs attn_implementation
 # flash_attention_4 on compute capability >= 9 only (FLASH_ATTENTION_COMPATIBILITY_MATRIX: cuda_min_major_version).

@@ -22,7 +22,7 @@ from __future__ import annotations
 # reaches every rule that calls it.
 from launch.config.adapter import quantization_on_cpu_supported
 from launch.facts.machine import bitsandbytes_cuda_problem, deepspeed_prebuilt_ops, jit_build_tools, kernels_route
-from launch.checks.rules.registry import RULES, Facts, Report, Rule, by_name, check, features, rule, skipped_line
+from launch.checks.rules.registry import RULES, Facts, Report, Rule, check, features, rule, skipped_line
 
 # The rules are checked (and listed in the recipe READMEs) in the order their modules are imported here, and in
 # each module in the order they are written.
@@ -50,8 +50,7 @@ from launch.checks.rules.adapters import (lora_rank_positive, lora_alpha_positiv
                                           merge_problems)
 from launch.checks.rules.long_context import rope_coverage, rope_covers_length, host_memory_fits, gpu_memory_fits
 
-__all__ = ["RULES", "Facts", "Report", "Rule", "by_name", "check", "features", "rule", "skipped_line",
-           "config_keys_required",
+__all__ = ["RULES", "Facts", "Report", "Rule", "check", "features", "rule", "skipped_line", "config_keys_required",
            "script_holds_its_sections", "numbers_positive", "processes_fit_layout", "rendezvous_port",
            "multinode_rendezvous", "rendezvous_address_resolves", "enough_gpus", "model_and_data_found",
            "output_dir_outside_recipes", "model_folder_loads", "model_architecture_valid", "missing_inputs",

@@ -34,8 +34,8 @@ def lora_rank_positive(setup, facts: Facts):
             "(8-64 is usual; the recipes use 16).")
 
 
-# issue 36: adapter settings that PEFT, TRL or transformers refuse only in the ranks, after the model has loaded, or
-# that train nothing and exit 0
+# Adapter settings that PEFT, TRL or transformers refuse only in the ranks, after the model has loaded, or that
+# train nothing and exit 0
 @rule(feature="adapters", doc=(
     "`lora_alpha` positive",
     "0: the adapter's update is scaled by 0, nothing trains (grad_norm 0), the untrained adapter is saved, exit 0"))

@@ -143,7 +143,7 @@ def rendezvous_port(setup, facts: Facts):
 @rule()
 def multinode_rendezvous(setup, facts: Facts):
     o, machines = setup.options, setup.layout.num_machines
-    # issue 36: a machine rank from any source (a stray PET_NODE_RANK=1 on one machine included), checked in one place
+    # a machine rank from any source (a stray PET_NODE_RANK=1 on one machine included), checked in one place
     if problem := envvars.machine_rank_problem(o, machines):
         return problem
     if machines > 1 and not o.main_process_ip:
@@ -154,7 +154,7 @@ def multinode_rendezvous(setup, facts: Facts):
 
 @rule(machine=True)
 def rendezvous_address_resolves(setup, facts: Facts):
-    # issue 36: every machine of a multi-node run waits on this address (machine ranks > 0 for up to
+    # every machine of a multi-node run waits on this address (machine ranks > 0 for up to
     # --rendezvous-timeout before the start, machine rank 0's own ranks in torchrun): one that does not resolve is
     # refused before any wait
     o = setup.options
@@ -197,7 +197,7 @@ def output_dir_outside_recipes(setup, facts: Facts):
 
 @rule(machine=True)
 def model_folder_loads(setup, facts: Facts):
-    # AutoConfig and from_pretrained fail only in the ranks, 40-65 s after the start (issue 27)
+    # AutoConfig and from_pretrained fail only in the ranks, 40-65 s after the start
     t = setup.training
     if problem := hub.folder_problem(t.get("model_name_or_path"), synthetic=bool(t.get("synthetic"))):
         return problem[0].upper() + problem[1:]

@@ -14,7 +14,7 @@ from launch.switches import is_on
     "no `fsdp_offload_params: true` on a CPU run (FSDP1 or FSDP2, with or without CP)",
     "torch: \"Cannot access accelerator device when none is available\", in every rank after loading"))
 def fsdp_param_offload_not_on_cpu(setup, facts: Facts):
-    # issue 36: any FSDP run on CPU, not only CP ones (measured: FSDP2 without CP, and FSDP1, fail the same way)
+    # any FSDP run on CPU, not only CP ones (measured: FSDP2 without CP, and FSDP1, fail the same way)
     fsdp = setup.accelerate.get("fsdp_config") or {}
     if setup.layout.sharding == "fsdp" and setup.options.cpu and is_on(fsdp.get("fsdp_offload_params")):
         return (f"fsdp_offload_params: true moves {setup.layout.kind.upper()}'s parameters from the accelerator to "
@@ -69,7 +69,7 @@ def fsdp2_without_fsdp1_settings(setup, facts: Facts):
     "Accelerate: \"FSDP is enabled but the parallelism config has no dimension for FSDP to shard across\", in "
     "every rank"))
 def fsdp2_has_a_shard_dimension(setup, facts: Facts):
-    # issue 36: Accelerate's ParallelismConfig checks this only in the ranks (_validate_accelerator), after start-up;
+    # Accelerate's ParallelismConfig checks this only in the ranks (_validate_accelerator), after start-up;
     # a single process is exempt there (no distributed setup: a valid config, e.g. a one-GPU fsdp2 run)
     m = setup.layout.mesh
     if (not _fsdp2(setup) or not setup.accelerate.get("parallelism_config") or m["dp_shard"] > 1 or m["cp"] > 1

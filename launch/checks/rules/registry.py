@@ -111,10 +111,6 @@ def length_multiple_problem(setup, divisor: int, why: str) -> str | None:
     return f"{why}; set pad_to_multiple_of to a multiple of {divisor} (it is {multiple})."
 
 
-def by_name(name: str) -> Rule:
-    return next(r for r in RULES if r.name == name)
-
-
 def probes():
     """The package launch.checks.rules, through which a rule calls the probes of this machine it needs
     (launch.facts.machine's, launch.config.adapter's quantization_on_cpu_supported): they are names of the package, so
