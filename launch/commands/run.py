@@ -7,15 +7,11 @@ import dataclasses
 import math
 
 from launch.config import profiles
-from launch.facts import gpus, hub
 from launch.run import runner
-from launch.speed import fastest
 from launch.commands import command, overview
 from launch.errors import LaunchError
-from launch.facts.machine import gpu_info
 from launch.config.options import parse_run
 from launch.recipe.discovery import find_recipe
-from launch.run.resolve import resolve
 from launch.results.expected import profile_entry
 
 
@@ -35,36 +31,11 @@ def main(argv: list[str], record: bool = False) -> int:
     check_options(options)
     if record:
         options = recorded_layout(options)
-    return runner.launch(options, dry_run=options.dry_run, choose=fastest_setup)
-
-
-def fastest_setup(options, setup):
-    """--fastest: the fastest speed settings that fit this machine (`launch.speed.fastest`: its GPUs' memory, Liger if
-    it has
-    a GPU and liger-kernel), printed, and the run resolved again with them (below what the user gave after `--`).
-    Returns (setup, the search or None). Here rather than in the runner: `launch.speed.fastest` stands on the throughput
-    model, a floor above the runner's other imports."""
-    say = runner.say
-    gpu_count, names = (0, []) if options.cpu else gpu_info()
-    model = hub.read_model_config(setup.training.get("model_name_or_path"))
-    plan = runner.memory_plan(setup, model, gpu_count)
-    if plan is None:
-        say("--fastest: nothing chosen: the model's architecture was not read (the planner needs its config.json)")
-        return setup, None
-    found = fastest.search(setup, plan, liger_installed=fastest.liger_on_this_machine(gpu_count),
-                           peak_flops=gpus.peak_bf16(names[0]) if names else None)
-    print(fastest.describe(found), flush=True)
-    if found.chosen is None:
-        say("--fastest: no candidate fits this machine; the run keeps its own settings")
-        return setup, found
-    argv, accelerate = fastest.arguments(setup, found.chosen.settings)
-    applied = " ".join(argv + [f"--{k} {str(v).lower()}" for k, v in accelerate.items()])
-    say(f"--fastest: {found.chosen.settings.label()}" + (f" ({applied})" if applied else " (the run's own settings)"))
-    return resolve(options, progress=lambda *_: None, fastest=(argv, accelerate)), found
+    return runner.launch(options, dry_run=options.dry_run)
 
 
 def check_options(options) -> None:
-    """The run options that are wrong whatever the recipe (issue 27: each was accepted and lost data or time)."""
+    """The run options that are wrong whatever the recipe (each was once accepted, and lost data or time)."""
     if options.resume and options.overwrite:
         # --overwrite deletes the earlier run's checkpoints, the one --resume was about to continue from included
         raise LaunchError("--resume and --overwrite contradict each other: --overwrite deletes the earlier run's "

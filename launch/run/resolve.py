@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from launch import REPO_ROOT
 from launch.config import accelerate_config, profiles
@@ -48,6 +49,13 @@ class Setup:
     explicit: dict  # training key -> where it was given (config.yaml or a layer); the rest are defaults
     output_dir: Path
     notes: list[str] = field(default_factory=list)  # said before starting
+    sources: "Sources | None" = field(default=None, repr=False, compare=False)  # what resolve read, for with_fastest
+
+    def with_fastest(self, fastest: tuple[list[str], dict]) -> "Setup":
+        """This run with the settings `--fastest` chose (training argv, Accelerate launch overrides;
+        `launch.speed.fastest.arguments`) as the layer of training arguments below the user's `--` ones: what
+        `resolve` read, merged again with that layer (nothing read twice)."""
+        return _assemble(self.sources, fastest)
 
     @property
     def training_argv(self) -> list[str]:
@@ -97,9 +105,32 @@ def resolve(options: Options, progress=print, fastest: tuple[list[str], dict] | 
     """The run `options` ask for, in four steps: the layout a smoke run inherits from its recorded invocation, the
     Accelerate config with this run's overrides, the launcher's own training arguments, and the merge of every
     source of training arguments in the recipe's own parser. `fastest`: the settings `--fastest` chose (training
-    argv, Accelerate launch overrides; `launch.speed.fastest.arguments`), below what the user gave after `--`. Reads
-    only;
-    a refusal is a LaunchError."""
+    argv, Accelerate launch overrides; `launch.speed.fastest.arguments`), below what the user gave after `--`
+    (`Setup.with_fastest` adds them to a run resolved without them). Reads only; a refusal is a LaunchError."""
+    return _assemble(_read(options, progress), fastest)
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What `resolve` reads of a run, once: the recipe, the profile, the layers of training arguments below and above
+    the `--fastest` layer, the Accelerate overrides below and above it. `_assemble` merges them with that layer."""
+
+    recipe: Recipe
+    options: Options
+    profile: str
+    config: dict
+    make_parser: Callable  # the recipe's train.py's, loaded once
+    invocation: dict
+    notes: list[str]
+    bf16: bool
+    smoke_accelerate: dict  # below the --fastest choice
+    run_accelerate: dict  # above it
+    output_dir: Path
+    below: list[Layer]  # the training argv layers below the --fastest choice
+    above: list[Layer]  # and above it
+
+
+def _read(options: Options, progress) -> Sources:
     _check_numbers(options)
     # `record` writes expected_metrics.json: a recipe without one yet is what it is for
     recipe = find_recipe(options.recipe, optional=("expected_metrics.json",) if options.record else ())
@@ -120,18 +151,28 @@ def resolve(options: Options, progress=print, fastest: tuple[list[str], dict] | 
     # The recipe's own values are checked as written, even where the smoke profile replaces them.
     own = merge(make_parser, recipe.config_path, config, [Layer(AFTER_DASHES, list(options.extra))])
     bf16 = _computes_in_bf16(options, recipe.accelerate, own)
+    # later wins: the smoke profile's checkpointing, the --fastest choice, this run's own overrides
+    smoke_accelerate = profiles.smoke_checkpointing(config, recipe.accelerate)[1] if options.smoke else {}
+    output_dir = _output_dir(options, own, recipe, config, profile)
+    launcher = _launcher_arguments(options, recipe, output_dir)
+    below, above = _training_layers(options, recipe, config, recorded, launcher, progress, bf16)
+    return Sources(recipe, options, profile, config, make_parser, invocation, notes, bf16, smoke_accelerate,
+                   _accelerate_overrides(options, recipe.accelerate, num_processes, mesh, bf16), output_dir,
+                   below, above)
+
+
+def _assemble(read: Sources, fastest: tuple[list[str], dict] | None) -> Setup:
+    """The Setup of what `_read` read, with the `--fastest` choice (training argv, Accelerate launch overrides) as
+    the layers between the smoke profile's and the run's own: merged by the recipe's parser, laid out, resolved."""
+    options, recipe, config = read.options, read.recipe, read.config
+    invocation, notes = dict(read.invocation), list(read.notes)
     fastest_argv, fastest_accelerate = fastest or ([], {})
     if fastest_argv or fastest_accelerate:  # another run than the recorded one, if it changes anything
         invocation["fastest"] = {"training_args": list(fastest_argv), "accelerate": dict(fastest_accelerate)}
-    # later wins: the smoke profile's checkpointing, the --fastest choice, this run's own overrides
-    smoke_accelerate = profiles.smoke_checkpointing(config, recipe.accelerate)[1] if options.smoke else {}
-    accel_overrides = {**smoke_accelerate, **fastest_accelerate,
-                       **_accelerate_overrides(options, recipe.accelerate, num_processes, mesh, bf16)}
+    accel_overrides = {**read.smoke_accelerate, **fastest_accelerate, **read.run_accelerate}
     accelerate = _with_overrides(recipe.accelerate, accel_overrides)
-    output_dir = _output_dir(options, own, recipe, config, profile)
-    launcher = _launcher_arguments(options, recipe, output_dir)
-    layers = _training_layers(options, recipe, config, recorded, launcher, progress, fastest_argv, bf16)
-    training = merge(make_parser, recipe.config_path, config, layers)
+    layers = [layer for layer in [*read.below, Layer(FASTEST, list(fastest_argv)), *read.above] if layer.argv]
+    training = merge(read.make_parser, recipe.config_path, config, layers)
     if options.cpu:
         notes += profiles.cpu_notes(config, training)
     if options.bench or options.synthetic:
@@ -146,7 +187,7 @@ def resolve(options: Options, progress=print, fastest: tuple[list[str], dict] | 
     return Setup(
         recipe=recipe,
         options=options,
-        profile=profile,
+        profile=read.profile,
         invocation=invocation,
         accelerate=accelerate,
         accelerate_overrides=accel_overrides,
@@ -157,8 +198,9 @@ def resolve(options: Options, progress=print, fastest: tuple[list[str], dict] | 
                                     device="cpu" if options.cpu else "gpu", sp=layout.sp),
         checkpointing=checkpointing(training, accelerate),
         explicit=explicit_keys(recipe.config_path, config, layers),
-        output_dir=output_dir,
+        output_dir=read.output_dir,
         notes=notes,
+        sources=read,
     )
 
 
@@ -302,23 +344,24 @@ def _launcher_arguments(options: Options, recipe: Recipe, output_dir: Path) -> d
 # --- step 4: the merge ------------------------------------------------------------------------------------------------
 
 def _training_layers(options: Options, recipe: Recipe, config: dict, recorded: dict, launcher: dict,
-                     progress, fastest_argv: list[str], bf16: bool = False) -> list[Layer]:
+                     progress, bf16: bool = False) -> tuple[list[Layer], list[Layer]]:
     """The training argv after `--config config.yaml`, by source, for the recipe's parser to merge over config.yaml
-    (later layers win, as in the ranks' parser): the smoke/CPU profile's, a measurement's (--bench, --synthetic:
-    nothing saved), the recorded smoke invocation's, the `--fastest` choice's, the user's after `--`, the launcher's.
-    Empty layers are left out."""
-    layers = [
+    (later layers win, as in the ranks' parser), as (below, above) the `--fastest` choice's layer: below it the
+    smoke/CPU profile's, a measurement's (--bench, --synthetic: nothing saved), the recorded smoke invocation's; above
+    it the user's after `--`, the launcher's. Empty layers are left out when merged."""
+    below = [
         Layer("the smoke/CPU profile", profiles.as_argv(profiles.training_overrides(
             config, options.smoke, options.cpu, progress=progress, accelerate=recipe.accelerate, bf16=bf16))),
         Layer("--bench/--synthetic (a measurement saves nothing)",
               profiles.as_argv(profiles.measure_only(options.bench, options.synthetic, options.save_steps))),
         Layer(f"the recorded smoke invocation in {recipe.expected_metrics_path}",
               list(recorded.get("training_args") or [])),
-        Layer(FASTEST, list(fastest_argv)),
+    ]
+    above = [
         Layer(AFTER_DASHES, list(options.extra)),
         Layer("the launcher's options", profiles.as_argv(launcher)),
     ]
-    return [layer for layer in layers if layer.argv]
+    return below, above
 
 
 # --- the output folder ------------------------------------------------------------------------------------------------

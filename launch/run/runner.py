@@ -17,7 +17,7 @@ from launch.config import envvars, profiles
 from launch.facts import gpus, hub
 from launch.results import outdir, sentinel
 from launch.run import checkpoints, command, interrupt, supervise, tracking, upstream_warnings
-from launch.speed import measured as throughput, model as throughput_model
+from launch.speed import fastest, measured as throughput, model as throughput_model
 from launch.rank import monitor
 from launch.rank.measure import SYNC_ENV as MEASURE_SYNC_ENV
 from launch.errors import LaunchError
@@ -158,19 +158,37 @@ def wait_for_rendezvous(host: str, port: int, timeout: float) -> None:
                       "has started, and the firewall; --rendezvous-timeout sets this wait.")
 
 
-def launch(options, dry_run: bool = False, choose=None) -> int:
-    """One run. `choose(options, setup) -> (setup, search)`: for `--fastest`, the speed settings chosen for this
-    machine and the run resolved again with them (`launch.commands.run.fastest_setup`; the search, duck-typed, goes
-    into the summary)."""
+def fastest_setup(setup):
+    """--fastest: the fastest speed settings that fit this machine (`launch.speed.fastest`: its GPUs' memory and peak,
+    Liger if it has a GPU and liger-kernel), printed, and the run with them as the layer of training arguments below
+    the user's `--` ones (`Setup.with_fastest`). Returns (setup, the search or None)."""
+    gpu_count, names = (0, []) if setup.options.cpu else gpu_info()
+    model = hub.read_model_config(setup.training.get("model_name_or_path"))
+    plan = memory_plan(setup, model, gpu_count)
+    if plan is None:
+        say("--fastest: nothing chosen: the model's architecture was not read (the planner needs its config.json)")
+        return setup, None
+    found = fastest.search(setup, plan, liger_installed=fastest.liger_on_this_machine(gpu_count),
+                           peak_flops=gpus.peak_bf16(names[0]) if names else None)
+    print(fastest.describe(found), flush=True)
+    if found.chosen is None:
+        say("--fastest: no candidate fits this machine; the run keeps its own settings")
+        return setup, found
+    argv, accelerate = fastest.arguments(setup, found.chosen.settings)
+    applied = " ".join(argv + [f"--{k} {str(v).lower()}" for k, v in accelerate.items()])
+    say(f"--fastest: {found.chosen.settings.label()}" + (f" ({applied})" if applied else " (the run's own settings)"))
+    return setup.with_fastest((argv, accelerate)), found
+
+
+def launch(options, dry_run: bool = False) -> int:
+    """One run."""
     # multi-node: a flag, else the variables of the scheduler that started us (SLURM, SkyPilot, a TrainJob)
     rendezvous = envvars.rendezvous(options)
     options = dataclasses.replace(options, **rendezvous.options())
     setup = resolve(options, progress=say)
     found = None
     if options.fastest:
-        if choose is None:
-            raise LaunchError("--fastest is chosen by `python -m launch RECIPE --fastest` (launch/commands/run.py).")
-        setup, found = choose(options, setup)
+        setup, found = fastest_setup(setup)
     if envvars.doctor_at_start() and not dry_run:
         if doctor.run_doctor(setup, strict=True, out=lambda m: say(f"doctor: {m}")):
             raise LaunchError("The environment check failed (see the PROBLEM lines above); nothing was started.")
