@@ -106,7 +106,7 @@ FIXTURES = {
         **{k: v for k, v in yaml.safe_load(find_recipe("fsdp2").accelerate_config_path.read_text())["fsdp_config"]
            .items() if k != "fsdp_reshard_after_forward"},
         "fsdp_version": 1, "fsdp_state_dict_type": "LOCAL_STATE_DICT"}})},
-    # issue 27
+    # accepted before, and lost data or time
     "corrupted_manifest": lambda tmp: _corrupted_manifest(tmp),
     "model_no_config": lambda tmp: _model_dir(tmp, None),
     "model_invalid_json": lambda tmp: _model_dir(tmp, "{not json"),
@@ -124,7 +124,7 @@ FIXTURES = {
     "train_py_missing_module": lambda tmp: _broken_script(
         tmp, lambda t: t.replace("\nimport ", "\nimport no_such_module_xyz\nimport ", 1)),
     "user_png": lambda tmp: _user_file(tmp, "mine.png"),
-    # issue 36
+    # what the ranks refused after loading, or trained nothing and exited 0
     "gpt2_model": lambda tmp: _gpt2_model(tmp),
     "fsdp2_param_offload": lambda tmp: {"recipe": copy_recipe(tmp, base="fsdp2", accelerate={"fsdp_config": {
         **_accelerate("fsdp2")["fsdp_config"], "fsdp_offload_params": True}})},
@@ -138,7 +138,7 @@ FIXTURES = {
 }
 
 
-# ---- issue 36 fixtures ----------------------------------------------------------------------------------------------
+# ---- fixtures of the rank-side refusals -----------------------------------------------------------------------------
 def _accelerate(recipe: str) -> dict:
     return yaml.safe_load(find_recipe(recipe).accelerate_config_path.read_text())
 
@@ -378,7 +378,7 @@ REFUSED = [
      "does not use 3 processes"),
     ("cp-and-sp-together", "ring-cp-2gpu --smoke --cpu --num-processes 4 --sp-size 2", "none", 2,
      "mutually exclusive"),
-    # precision (issue 34): pure bf16 where Adam's updates round away, on the GPU profile and in a CPU bf16 run
+    # precision: pure bf16 where Adam's updates round away, on the GPU profile and in a CPU bf16 run
     ("pure-bf16-ddp", "{recipe} --dry-run", "ddp_loaded_in_bf16", 2,
      "This run trains pure bfloat16: `dtype: bfloat16` ("),
     ("pure-bf16-on-cpu", "ddp --smoke --cpu --dry-run -- --bf16 true --dtype bfloat16", "none", 2,
@@ -415,7 +415,7 @@ REFUSED = [
     ("resume-latest-truncated-weights", "ddp --smoke --cpu --output-dir {out} --resume", "truncated_checkpoint", 2,
      "no complete checkpoint"),
     ("unknown-recipe", "zero4 --smoke --cpu", "none", 2, "Unknown recipe `zero4`. Did you mean"),
-    # issue 19: a checkpoint resumed only by a run like the one that saved it; never over another run's results
+    # a checkpoint resumed only by a run like the one that saved it; never over another run's results
     ("resume-a-zero3-checkpoint-with-ddp", "ddp --smoke --cpu --output-dir {out} --resume {out}/checkpoint-8",
      "zero3_run", 2, "was saved by another kind of run (recorded in {out}/.launch/manifest.json): recipe 'zero3'"),
     ("resume-on-another-world-size", "zero3 --smoke --cpu --num-processes 4 --output-dir {out} --resume",
@@ -424,7 +424,7 @@ REFUSED = [
      "deepspeed_checkpoint", 2, "(read from its files): strategy 'deepspeed' (this run: 'fsdp2')"),
     ("resume-into-another-runs-folder", "ddp --smoke --cpu --resume {ckpt} --output-dir {out}", "two_runs", 2,
      "holds the results of another run (zero3, deepspeed), which this run would write over"),
-    # issue 26: an adapter checkpoint holds only the adapter's weights and optimizer state, a full fine-tune's all
+    # an adapter checkpoint holds only the adapter's weights and optimizer state, a full fine-tune's all
     ("resume-an-adapter-checkpoint-in-a-full-fine-tune", "lora --smoke --cpu --output-dir {out} --resume -- --use_peft "
      "false", "lora_run", 2, "it is an adapter (lora) run's checkpoint and this run is a full fine-tune"),
     ("resume-a-full-checkpoint-in-an-adapter-run", "ddp --smoke --cpu --output-dir {out} --resume -- --use_peft true",
@@ -432,27 +432,27 @@ REFUSED = [
     ("resume-adapter-files-in-a-full-fine-tune", "ddp --smoke --cpu --resume {ckpt} --output-dir {out}",
      "adapter_checkpoint", 2, "(read from its files): it is an adapter run's checkpoint and this run is a full "
      "fine-tune"),
-    # issue 19: the hang watchdog takes positive seconds or `off`
+    # the hang watchdog takes positive seconds or `off`
     ("hang-timeout-negative", "ddp --smoke --cpu --hang-timeout -1", "none", 2,
      "-1 seconds: give a positive number of seconds, or `off`"),
     ("hang-timeout-zero", "zero3 --smoke --cpu --hang-timeout 0", "none", 2,
      "0 seconds: give a positive number of seconds, or `off`"),
-    # issue 19: the deprecated checkpointing name where transformers would ignore it
+    # the deprecated checkpointing name where transformers would ignore it
     ("gradient-checkpointing-ignored", "ring-cp-2gpu --smoke --cpu -- --gradient_checkpointing false", "none", 2,
      "transformers ignores the deprecated `gradient_checkpointing` whenever `activation_checkpointing` is set"),
     ("no-gradient-checkpointing-ignored", "alst-ulysses-8gpu --smoke --cpu -- --no_gradient_checkpointing", "none", 2,
      "`-- --activation_checkpointing false`"),
-    # issue 19: a key written twice in a YAML file the launcher reads
+    # a key written twice in a YAML file the launcher reads
     ("duplicated-key-in-config-yaml", "{recipe} --smoke --cpu --dry-run", "duplicate_key", 2,
      "the key `accelerate_config` is given twice, on lines"),
     ("duplicated-key-in-accelerate-config", "{recipe} --smoke --cpu --dry-run", "duplicate_accelerate_key", 2,
      "the key `num_processes` is given twice, on lines"),
-    # issue 19: expected metrics holding NaN or infinity are refused at the start
+    # expected metrics holding NaN or infinity are refused at the start
     ("nan-in-expected-metrics", "{recipe} --smoke --cpu", "nan_reference", 2,
      "`profiles.smoke-cpu.steps.loss` holds NaN or infinity"),
     ("infinity-in-expected-bounds", "{recipe} --smoke --cpu", "inf_bound", 2,
      "`profiles.smoke-cpu.bounds` holds a value that is not a finite number"),
-    # issue 19: one paragraph instead of a traceback
+    # one paragraph instead of a traceback
     ("non-utf8-config-yaml", "{recipe} --smoke --cpu --dry-run", "latin1_config", 2,
      "config.yaml:1: byte 0xe9 is not UTF-8"),
     ("non-utf8-accelerate-config", "{recipe} --smoke --cpu --dry-run", "latin1_accelerate", 2, "is not UTF-8"),
@@ -462,18 +462,18 @@ REFUSED = [
      "--main-process-port 0 is not a TCP port (1-65535): it is the ranks' rendezvous port, also on one machine"),
     ("accelerate-config-is-a-directory", "{recipe} --smoke --cpu --dry-run", "accelerate_config_dir", 2,
      "accelerate_config `accelerate_configs` is a directory"),
-    # issue 24: a copy holds only the template's sections its configs turned on when it was synced
+    # a copy holds only the template's sections its configs turned on when it was synced
     ("section-its-copy-lacks", "{recipe} --smoke --cpu --dry-run", "tiled_mlp_in_a_zero3_copy", 2,
      "needs: tiled-mlp (needed for `tiled_mlp: true` in config.yaml). It is a copy, which holds the sections its "
      "configs turned on when it was last synced (none): `python -m launch sync-scripts {recipe}` rewrites it"),
 ]
 REFUSED += [
-    # issue 27: data lost or replaced
+    # data lost or replaced
     ("resume-with-overwrite", "ddp --smoke --cpu --save-steps 4 --output-dir {out} --resume --overwrite", "earlier_run",
      2, "--resume and --overwrite contradict each other"),
     ("record-a-synthetic-run", "record ddp --smoke --cpu --synthetic --max-steps 2", "none", 2,
      "a synthetic run (random weights and tokens) has none: drop --synthetic"),
-    # issue 27: processes started that should have been refused (a model folder read as the ranks will read it)
+    # processes started that should have been refused (a model folder read as the ranks will read it)
     ("synthetic-model-without-config", "ddp --smoke --cpu --synthetic --model {model}", "model_no_config", 2,
      "The model folder {model} cannot be read as the ranks will read it: {model} has no config.json"),
     ("synthetic-model-invalid-json", "ddp --smoke --cpu --synthetic --model {model}", "model_invalid_json", 2,
@@ -493,7 +493,7 @@ REFUSED += [
      "parameters, more than any machine holds"),
     ("model-folder-without-weights", "ddp --smoke --cpu --model {model}", "model_config_only", 2,
      "The model folder {model} holds no weights"),
-    # issue 27: answers that look valid but are not
+    # answers that look valid but are not
     ("output-dir-inside-recipes", "ddp --smoke --cpu --output-dir {repo}/recipes/ddp/run1", "none", 2,
      "is inside {repo}/recipes, which holds the recipes"),
     ("output-dir-empty", "ddp --smoke --cpu --output-dir=", "none", 2, "--output-dir is empty"),
@@ -516,7 +516,7 @@ REFUSED += [
     ("compare-out-replaces-a-users-file", "compare {tmp}/a {tmp}/b --out {tmp}/mine.png", "user_png", 2,
      "--out {tmp}/mine.png already exists and is not a plot `compare` wrote"),
 ]
-# issues 25 and 26: FSDP2 settings and adapters
+# FSDP2 settings and adapters
 REFUSED += [
     ("fsdp2-with-an-fsdp1-strategy", "{recipe} --smoke --cpu --dry-run", "fsdp2_hybrid_shard", 2,
      "fsdp_sharding_strategy: HYBRID_SHARD (HSDP in FSDP2 is parallelism_config"),
@@ -534,7 +534,7 @@ REFUSED += [
     *([("qlora-on-cpu", "ddp --smoke --cpu --dry-run -- --use_peft true --load_in_4bit true", "none", 2,
         "bitsandbytes' quantized training does not run")] if not quantization_on_cpu_supported() else []),
 ]
-# issue 36: what the ranks refused after loading, what trained nothing and exited 0, and tracebacks
+# what the ranks refused after loading, what trained nothing and exited 0, and tracebacks
 REFUSED += [
     ("lora-dropout-above-one", "lora --smoke --cpu -- --lora_dropout 1.5", "none", 2,
      "lora_dropout is 1.5: it is the probability that LoRA drops each input element"),
@@ -587,10 +587,10 @@ ENV_REFUSED = [
      "Set RECIPES_CACHE to a folder you can write to"),
     ("recipes-cache-not-writable-zero3", "zero3 --smoke --cpu --dry-run", {"RECIPES_CACHE": "/dev/null/x"}, 2,
      "cannot be built in /dev/null/x/smoke/"),
-    # issue 27: the port's real source is named, not always MASTER_PORT
+    # the port's real source is named, not always MASTER_PORT
     ("trainjob-port-out-of-range", "ddp --smoke --cpu --dry-run", {"PET_MASTER_PORT": "99999"}, 2,
      "PET_MASTER_PORT=99999 (from the environment) is not a TCP port"),
-    # issue 36: a machine rank not below the machine count, from any scheduler; SkyPilot's address list with commas
+    # a machine rank not below the machine count, from any scheduler; SkyPilot's address list with commas
     ("stray-trainjob-node-rank", "ddp --smoke --cpu --output-dir {out}", {"PET_NODE_RANK": "1"}, 2,
      "PET_NODE_RANK=1 (from the environment) makes this machine rank 1, but the job has machine ranks 0..0 only"),
     ("slurm-node-id-beyond-the-allocation", "ddp --smoke --cpu --output-dir {out}",
@@ -651,7 +651,7 @@ def _values(tmp_path, fixture) -> dict:
 @shows(rules.model_folder_loads)
 @shows(rules.output_dir_outside_recipes)
 @shows(rules.model_architecture_valid)
-@shows(rules.lora_alpha_positive)  # issue 36
+@shows(rules.lora_alpha_positive)
 @shows(rules.lora_dropout_in_range)
 @shows(rules.quantized_base_needs_adapter)
 @shows(rules.quantization_one_kind)
@@ -683,7 +683,7 @@ def test_bad_environment_variable_is_named(case, tmp_path, capsys, no_spawn, mon
     assert _snapshot(*roots) | {str(p): None for p in REPO.iterdir()} == before, "files were created or changed"
 
 
-# ---- issue 33: a setting whose package this machine lacks (launch.checks.rules' optional-package rules)
+# ---- a setting whose package this machine lacks (launch.checks.rules' optional-package rules)
 # -------------------
 # (id, argv, what this machine is made to lack, message fragment). A package of launch.facts.machine.REPORTED is faked
 # not
@@ -792,7 +792,7 @@ def test_extra_training_arguments_keep_the_recorded_smoke_layout(tmp_path, capsy
 
 @pytest.mark.parametrize("recipe,processes", [("alst-ulysses-4gpu", 4), ("ddp", 2)])
 def test_the_recorded_layout_given_explicitly_is_not_a_change(recipe, processes, tmp_path, capsys, no_spawn):
-    """Issue 19: `--num-processes N` equal to the recorded smoke layout is judged, not reported as a changed layout."""
+    """`--num-processes N` equal to the recorded smoke layout is judged, not reported as a changed layout."""
     out, _ = _dry_run(f"{recipe} --smoke --cpu --num-processes {processes}", tmp_path, capsys)
     assert "smoke layout changed" not in out and "not judged" not in out
     from launch.config.options import Options
@@ -812,7 +812,7 @@ def test_the_hang_watchdog_can_be_turned_off(value, tmp_path, capsys, no_spawn):
 
 
 def test_record_creates_a_missing_expected_metrics_file_and_a_run_says_how(tmp_path, capsys, no_spawn):
-    """Issue 19: `record` for a recipe without expected_metrics.json says it will create it; a run without one is
+    """`record` for a recipe without expected_metrics.json says it will create it; a run without one is
     refused with the record command that creates it."""
     folder = copy_recipe(tmp_path, base="ddp")
     (folder / "expected_metrics.json").unlink()
@@ -826,7 +826,7 @@ def test_record_creates_a_missing_expected_metrics_file_and_a_run_says_how(tmp_p
 
 @pytest.mark.parametrize("damage", ["truncate", "nan"])
 def test_expected_metrics_broken_during_the_run_still_give_a_summary(damage, tmp_path, capsys, monkeypatch):
-    """Issue 19: a reference that becomes unreadable (or NaN) while the run trains: the summary is written, and the
+    """A reference that becomes unreadable (or NaN) while the run trains: the summary is written, and the
     judge says it could not judge with its own exit status (4), not the "refused before start" status 2. The
     training itself is replaced by a fake that writes what a finished run writes."""
     from launch.run import supervise
@@ -854,7 +854,7 @@ def test_expected_metrics_broken_during_the_run_still_give_a_summary(damage, tmp
     assert "not judged: the expected metrics cannot be read any more" in out
 
 
-# ---- issue 27: beside the table ------------------------------------------------------------------------------------
+# ---- options accepted before that lost data or time: beside the table -----------------------------------------------
 def test_record_keeps_the_recorded_layout_unless_one_is_given(tmp_path, capsys, no_spawn):
     """`record ddp --smoke --cpu` records on the 2 processes ddp's smoke profile was recorded with, not on the
     config's 8 (which every later smoke run would then inherit)."""
@@ -929,7 +929,7 @@ def test_sync_scripts_names_a_train_py_that_is_a_folder(tmp_path):
         copies.sync_copies(tmp_path)
 
 
-# ---- issue 36: beside the table ------------------------------------------------------------------------------------
+# ---- rank-side refusals and tracebacks: beside the table -------------------------------------------------------------
 @pytest.mark.parametrize("extra,fragment", [
     ("--lora_alpha -16", "lora_alpha is -16: LoRA scales its update B A x by lora_alpha / lora_r"),
     ("--lora_dropout 1", "a dropout of 1 zeroes the adapter's input at every training step"),

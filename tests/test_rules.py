@@ -130,7 +130,7 @@ def test_fp16_on_cpu_is_refused_and_bf16_is_allowed():
 
 @shows(rules.pure_16bit_update_rounds_away)
 def test_pure_bf16_where_updates_round_away_is_refused(tmp_path):
-    # the ddp recipe as it was before issue 34: the model loaded in bf16 under DDP, `bf16: true` only autocasts
+    # the ddp recipe as it was before its fp32 masters: the model loaded in bf16 under DDP, `bf16: true` only autocasts
     old = make_recipe(tmp_path, base="ddp", config={"dtype": "bfloat16"})
     [msg] = messages(resolve(Options(recipe=str(old))))
     assert msg.startswith("This run trains pure bfloat16: `dtype: bfloat16` (")
@@ -302,7 +302,7 @@ def test_sp_on_cpu_needs_equal_lengths():
 
 def test_sp_on_cpu_synthetic_rows_are_equal_lengths_already():
     """Synthetic rows are exactly max_length tokens (launch.rank.synthetic): `alst-ulysses-4gpu --synthetic --cpu`
-    is not refused by the equal-shapes rule (issue 28)."""
+    is not refused by the equal-shapes rule."""
     setup = sp_setup(synthetic=True, cpu=True)
     assert not [m for m in messages(setup, facts(model_config=QWEN2_05B)) if "gloo all-gathers" in m]
 
@@ -533,7 +533,7 @@ def test_a_run_predicted_not_to_fit_the_gpus_is_refused_with_the_way_out():
     assert "--max-length auto" in msg
 
 
-# ---- FSDP2 (issue 25) and adapters (issue 26) ----------------------------------------------------------------------
+# ---- FSDP2 and adapters --------------------------------------------------------------------------------------------
 @shows(rules.fsdp2_without_fsdp1_settings)
 def test_fsdp1_settings_under_fsdp2_are_refused(tmp_path):
     acc = yaml.safe_load(find_recipe("fsdp2").accelerate_config_path.read_text())
@@ -616,7 +616,7 @@ def test_paged_adamw_8bit_with_qlora_under_fsdp_is_refused(tmp_path):
 
 
 def test_the_preflight_passes_a_lora_run_that_fits_and_stops_the_full_fine_tune_that_does_not(tmp_path):
-    """Issue 26: the memory rule reads the planner, which knows adapters: Qwen3-8B LoRA (2 x 4096 tokens per step and
+    """The memory rule reads the planner, which knows adapters: Qwen3-8B LoRA (2 x 4096 tokens per step and
     GPU) fits one 24 GiB GPU, the same run as a full fine-tune does not."""
     lora = {"use_peft": True, "lora_target_modules": ["all-linear"], "model_name_or_path": "Qwen/Qwen3-8B",
             "dtype": "bfloat16", "max_length": 4096, "per_device_train_batch_size": 2, "attn_implementation": "sdpa",
@@ -647,7 +647,7 @@ def test_an_fsdp_state_dict_type_that_writes_no_weights_is_refused(tmp_path):
     msg = check("local", fsdp_version=1, fsdp_reshard_after_forward=None, fsdp_state_dict_type="LOCAL_STATE_DICT")
     assert msg.startswith("fsdp_state_dict_type LOCAL_STATE_DICT in ") and "no weights in final/" in msg
     assert "Use SHARDED_STATE_DICT" in msg
-    # a name Accelerate does not know is refused earlier, with the Accelerate config's other enum values (issue 36:
+    # a name Accelerate does not know is refused earlier, with the Accelerate config's other enum values (
     # launch.config.accelerate_config.ENUMS), while the recipe resolves
     with pytest.raises(LaunchError, match=r"'SHARDED' is not a valid FSDP_STATE_DICT_TYPE; expected one of "):
         check("typo", fsdp_state_dict_type="SHARDED")
@@ -695,7 +695,7 @@ def test_the_fsdp2_and_adapter_recipes_pass_their_rules(name, model):
     assert report.problems == [] and report.skipped == [], (report.problems, report.skipped)
 
 
-# ---- issue 33: a setting whose package this machine lacks is refused before start ----------------------------------
+# ---- a setting whose package this machine lacks is refused before start -------------------------------------------
 def _lacking(*packages, **kw):
     """The fake 8-GPU machine (every package at its pin) without `packages`."""
     return facts(versions={**PINNED, **{p: None for p in packages}}, **kw)

@@ -69,7 +69,7 @@ def bitsandbytes_cuda_problem() -> str | None:
     bitsandbytes 0.50.2 does not fail at import when it cannot load its CUDA library (cextension.py keeps the error in
     a stand-in library); the first quantized layer raises it. Loading it starts no CUDA context. Its import-time
     message about an optional Hub kernel for its CPU backend (`kernels`, not installed) is kept out, as
-    launch.checks.image.bitsandbytes_roundtrip does (launch.upstream_imports says why)."""
+    launch.checks.traps.bitsandbytes_roundtrip does (launch.rank.upstream_imports says why)."""
     import logging
 
     cpu_ops = logging.getLogger("bitsandbytes.backends.cpu.ops")
