@@ -30,7 +30,8 @@ INPUTS = ["Dockerfile", "docker-compose.yml", "requirements/image.lock"]
 # The code the in-image checks ran: its SHA-256, so that a receipt made before a change to it can be told apart
 # (it is not an input of the image's dependency layers).
 CHECKED_CODE = ("launch/checks/doctor.py", "launch/checks/image.py", "launch/checks/traps.py",
-                "launch/checks/attention.py", "launch/facts/pins.py", "launch/run/runner.py", "launch/facts/machine.py")
+                "launch/checks/attention.py", "launch/facts/pins.py", "launch/lockfile.py", "launch/run/runner.py",
+                "launch/facts/machine.py")
 # The OCI labels ci/image.sh sets (Dockerfile, last stage), from the variables it exports.
 LABELS = {"org.opencontainers.image.source": "IMAGE_SOURCE", "org.opencontainers.image.revision": "GIT_REVISION",
           "org.opencontainers.image.version": "IMAGE_RELEASE", "org.opencontainers.image.created": "IMAGE_CREATED",
