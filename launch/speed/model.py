@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
+from launch.config.training_args import FSDP_CHECKPOINTING, FSDP_CHECKPOINTING_OFFLOAD
 from launch.facts import calibration, gpus
 from launch.memory import adapters
 from launch.memory.architecture import Architecture
@@ -399,9 +400,8 @@ def row_run(row: calibration.MeasuredRow, dtype: str | None = None) -> tuple[Arc
                 else {}}
     accelerate = {**recipe.accelerate, "num_processes": row.num_processes}
     if fsdp := recipe.accelerate.get("fsdp_config"):
-        accelerate["fsdp_config"] = {**fsdp, "fsdp_activation_checkpointing": row.checkpointing == "fsdp",
-                                     "fsdp_activation_checkpointing_offload": row.checkpointing == "fsdp"
-                                     and row.offload}
+        accelerate["fsdp_config"] = {**fsdp, FSDP_CHECKPOINTING: row.checkpointing == "fsdp",
+                                     FSDP_CHECKPOINTING_OFFLOAD: row.checkpointing == "fsdp" and row.offload}
     return arch, RunShape.from_configs(accelerate, training)
 
 
