@@ -683,15 +683,12 @@ def test_bad_environment_variable_is_named(case, tmp_path, capsys, no_spawn, mon
     assert _snapshot(*roots) | {str(p): None for p in REPO.iterdir()} == before, "files were created or changed"
 
 
-# ---- a setting whose package this machine lacks (launch.checks.rules' optional-package rules)
-# -------------------
+# ---- a setting whose package this machine lacks (launch.checks.rules' optional-package rules) -------------------
 # (id, argv, what this machine is made to lack, message fragment). A package of launch.facts.machine.REPORTED is faked
-# not
-# installed through the launcher's version lookup (launch.run.runner's installed_versions); a build tool of DeepSpeed's
-# JIT ops (launch.facts.machine.jit_build_tools) faked not found, with no op prebuilt. The kernels hub route,
-# FlashAttention's
-# fallback, is faked unusable (the CPU lock has no `kernels` either). GPU rows run on this GPU-less machine too: their
-# message comes with enough_gpus'.
+# not installed through the launcher's version lookup (launch.run.runner's installed_versions); a build tool of
+# DeepSpeed's JIT ops (launch.facts.machine.jit_build_tools) faked not found, with no op prebuilt. The kernels hub
+# route, FlashAttention's fallback, is faked unusable (the CPU lock has no `kernels` either). GPU rows run on this
+# GPU-less machine too: their message comes with enough_gpus'.
 MISSING_PACKAGE = [
     ("liger-without-liger-kernel", "ddp --smoke --cpu -- --use_liger_kernel true", ("liger-kernel",),
      "`use_liger_kernel: true` (the training arguments after `--`) needs liger-kernel, which is not installed here"),

@@ -100,8 +100,7 @@ def test_compare_and_sync_errors_are_launch_errors(capsys, tmp_path):
 
 def test_every_command_claims_its_word_in_recipes():
     """launch.commands refuses to register a name that launch.recipe.discovery does not reserve, and every reserved
-    name is a
-    command: recipe discovery (a floor below the commands) refuses exactly the commands' names."""
+    name is a command: recipe discovery (a floor below the commands) refuses exactly the commands' names."""
     assert set(COMMANDS) == set(recipes.COMMAND_NAMES)
 
 

@@ -651,8 +651,7 @@ def test_ci_image_script_runs_every_recorded_check():
 
 def test_run_summary_names_the_image_and_the_revision(tmp_path):
     """run_summary.json's `provenance` (launch.facts.machine.provenance): in the image, which has no .git, the revision
-    it
-    was built from and the image's facts (/opt/pins/image.json) with the reference it was started as (LAUNCH_IMAGE);
+    it was built from and the image's facts (/opt/pins/image.json) with the reference it was started as (LAUNCH_IMAGE);
     outside it, the checkout's HEAD. ci/image.sh checks the same on a real run in the image (the receipt)."""
     from launch.facts import machine
 

@@ -1,4 +1,4 @@
-"""`--fastest` and the throughput model behind it (issue 35).
+"""`--fastest` and the throughput model behind it.
 
 - The throughput model (launch/speed/model.py) against every measured row of launch/facts/calibration.py, within 20%,
   and its fitted rates re-fitted from the rows (they must be what the rows give); the FLOP conventions it reports
@@ -40,7 +40,7 @@ def plan(capsys, *argv) -> tuple[int, str, str]:
 
 # ---- the throughput model ------------------------------------------------------------------------------------------
 def test_the_throughput_model_is_within_20_percent_of_every_measured_row():
-    """Issue 35 item 5: every row of calibration.MEASURED_ROWS (the H100 rows of GPU-MEASURED.md, TRL's published
+    """Every row of calibration.MEASURED_ROWS (the H100 rows of benchmarks/results/h100-2026-11-27.json, TRL's published
     1M-token run, and the Liger LoRA row kept back from the fit), predicted by code from the row's recipe, model,
     length, batch layout, Liger and checkpointing. Printed with `pytest -s`."""
     lines = []
@@ -126,7 +126,7 @@ FIELDS = {"activation_checkpointing", "activation_checkpointing_offload", "per_d
 
 
 def test_qwen3_1_7b_ddp_on_one_80gb_gpu_runs_without_checkpointing_and_with_liger(capsys):
-    """Done-when of issue 35: `plan ddp --gpus 1 --gpu-memory 79.1 --model Qwen3-1.7B --max-length 2048 --fastest`
+    """The Qwen3-1.7B DDP case: `plan ddp --gpus 1 --gpu-memory 79.1 --model Qwen3-1.7B --max-length 2048 --fastest`
     chooses checkpointing off and (the target being a GPU machine set up from the image's lock, which holds
     liger-kernel) Liger on; the faster candidates are each said why not."""
     rc, out, err = plan(capsys, "ddp", "--gpus", "1", "--gpu-memory", "79.1", "--model", MODEL_CONFIGS /
@@ -168,7 +168,7 @@ def _search(name: str):
 
 @pytest.mark.parametrize("name", recipe_names())
 def test_every_recipes_gpu_defaults_are_the_fastest_that_fit(name):
-    """Issue 35 item 3: each recipe's speed settings are what `plan RECIPE --fastest` finds for its GPUs (config.yaml
+    """Each recipe's speed settings are what `plan RECIPE --fastest` finds for its GPUs (config.yaml
     says why, with the figures); a config change that makes them slower, or a planner change that makes another
     choice faster, fails here until the config is re-chosen."""
     setup, found = _search(name)

@@ -1,6 +1,5 @@
 """launch/facts/hub.py: a model's config.json is read with AutoConfig from the hub cache when it is there, and its
-absence
-offline is reported without importing transformers' model registry (the cost of an offline dry run)."""
+absence offline is reported without importing transformers' model registry (the cost of an offline dry run)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The one layout object (launch/config/layout.py): built once while resolving a run; the rules, the plan printout and
-the
-memory model read the same values from it."""
+the memory model read the same values from it."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ QWEN2_05B = {"num_attention_heads": 14, "num_key_value_heads": 2}  # the alst-ul
 
 
 def test_a_deepspeed_config_without_zero_stage_is_accelerates_default_everywhere(tmp_path):
-    """The latent bug of issue 18: without `zero_stage` the plan said ZeRO-0 (and SP was refused as "stage 0
+    """A latent bug: without `zero_stage` the plan said ZeRO-0 (and SP was refused as "stage 0
     crashes") while the run and the memory model used Accelerate's default, stage 2."""
     acc = yaml.safe_load(find_recipe("alst-ulysses-4gpu").accelerate_config_path.read_text())
     del acc["deepspeed_config"]["zero_stage"]

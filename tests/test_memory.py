@@ -134,11 +134,12 @@ LLAMA2_70B = Architecture.from_config({"hidden_size": 8192, "num_hidden_layers":
 
 
 def peft_qlora_run() -> RunShape:
-    """PEFT's FSDP-QLoRA example (REFERENCE.md): 2 GPUs, FSDP1 FULL_SHARD (TRANSFORMER_BASED_WRAP,
-    use_orig_params false), Accelerate `mixed_precision: 'no'` with the model loaded in bf16, max_seq_len 2048 packed,
-    per-device batch 2, gradient accumulation 2, reentrant gradient checkpointing, FlashAttention 2, LoRA r 8 /
-    alpha 16 / dropout 0.1 on all linear layers, 4-bit NF4 with double quantization, quant storage bf16. The script
-    (peft examples/sft/train.py) used TRL's SFTTrainer of its time: the model's own loss on full logits."""
+    """PEFT's FSDP-QLoRA example (peft 0.21.2, docs/source/accelerate/fsdp.md): 2 GPUs, FSDP1 FULL_SHARD
+    (TRANSFORMER_BASED_WRAP, use_orig_params false), Accelerate `mixed_precision: 'no'` with the model loaded in bf16,
+    max_seq_len 2048 packed, per-device batch 2, gradient accumulation 2, reentrant gradient checkpointing,
+    FlashAttention 2, LoRA r 8 / alpha 16 / dropout 0.1 on all linear layers, 4-bit NF4 with double quantization, quant
+    storage bf16. The script (peft examples/sft/train.py) used TRL's SFTTrainer of its time: the model's own loss on
+    full logits."""
     from launch.config.adapter import Adapter
 
     adapter = Adapter.from_training({"use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.1,
@@ -238,11 +239,10 @@ def test_calibration_against_published_measurements():
             assert r["bound"] == "at least" and r["predicted"] >= r["published"], r
 
 
-# GPU-MEASURED.md's rows with their memory (launch.facts.calibration.MEASURED_ROWS, with their source: one H100 80GB
-# HBM3,
-# 2026-11-27, torch 2.11.0+cu130), each planned as it ran (`throughput_model.row_run`: its batch layout, Liger,
-# checkpointing and load dtype). The ddp rows ran the recipe as it then was: the model loaded in bf16 under DDP, pure
-# bf16 (issue 34); the planner is checked against them at that precision.
+# The H100 rows of benchmarks/results/h100-2026-11-27.json with their memory (launch.facts.calibration.MEASURED_ROWS,
+# with their source: one H100 80GB HBM3, 2026-11-27, torch 2.11.0+cu130), each planned as it ran
+# (`throughput_model.row_run`: its batch layout, Liger, checkpointing and load dtype). The ddp rows ran the recipe as it
+# then was: the model loaded in bf16 under DDP, pure bf16; the planner is checked against them at that precision.
 MEMORY_ROWS = [r for r in calibration.MEASURED_ROWS if r.memory_gib]
 
 
@@ -250,8 +250,9 @@ MEMORY_ROWS = [r for r in calibration.MEASURED_ROWS if r.memory_gib]
                                                   for r in MEMORY_ROWS])
 def test_gpu_measured_rows_within_5_percent(row):
     """The planner's peak allocated memory for each GPU-MEASURED row, at the precision the row ran with, within 5%
-    (issue 34: the rows whose precision did not change). The ddp rows were pure bf16; the recipe now loads fp32 and
-    its plan grows by the 8 bytes per parameter of the fp32 weights, gradients and Adam states (not yet measured)."""
+    (the rows whose precision did not change when the recipes gained fp32 masters). The ddp rows were pure bf16; the
+    recipe now loads fp32 and its plan grows by the 8 bytes per parameter of the fp32 weights, gradients and Adam states
+    (not yet measured)."""
     from launch.speed import model as throughput_model
 
     arch, run = throughput_model.row_run(row)
@@ -406,8 +407,8 @@ def test_ddp_bf16_model_trains_pure_bf16():
 
 
 def test_ddp_fp32_load_keeps_fp32_masters_and_autocast_copies():
-    """The ddp recipe since issue 34: loaded in fp32 under bf16 autocast, the parameters are the fp32 masters (4 + 4 +
-    8 bytes, fp32 buckets); autocast caches a bf16 copy of every decoder linear weight through the forward, and the
+    """The ddp recipe with fp32 masters: loaded in fp32 under bf16 autocast, the parameters are the fp32 masters (4 + 4
+    + 8 bytes, fp32 buckets); autocast caches a bf16 copy of every decoder linear weight through the forward, and the
     checkpointed backward recomputes one layer's."""
     run = toy_run(kind="ddp", zero_stage=None, world_size=4, mesh=mesh(dp_replicate=4), weights_dtype="float32")
     s = terms.model_state_bytes(TOY, run)
@@ -667,7 +668,7 @@ def test_fsdp2_without_reshard_keeps_every_unit_gathered():
     assert terms.gathered_param_bytes(TOY, run, "layer") == 2 * TOY_P
 
 
-# ---- FSDP2 and HSDP (issue 25) -----------------------------------------------------------------------------------
+# ---- FSDP2 and HSDP ------------------------------------------------------------------------------------------------
 def test_hsdp_shards_over_dp_shard_and_replicates_over_dp_replicate():
     """HSDP (parallelism_config dp_replicate x dp_shard): the states are split over the shard group only, so 2 x 4
     holds per rank what plain FSDP2 over 4 holds, twice what FSDP2 over all 8 holds."""
@@ -715,7 +716,7 @@ def test_loading_reads_a_whole_copy_per_process_unless_cpu_ram_efficient():
     assert est.host_per_node_gib == pytest.approx(8 * 4 * ARCH["Qwen/Qwen3-8B"].num_params / GIB + 8 * 0.44)
 
 
-# ---- Adapters (issue 26): LoRA and QLoRA -------------------------------------------------------------------------
+# ---- Adapters: LoRA and QLoRA --------------------------------------------------------------------------------------
 def lora(**training):
     from launch.config.adapter import Adapter
 
@@ -896,7 +897,7 @@ def test_cpu_runtime_constants_are_measured():
 
 
 # A ~35M-parameter Qwen3 (Qwen3's vocabulary, tied head): most of its parameters are the LM head, the shape where the
-# CPU plan underestimated the peak resident set (issue 28)
+# CPU plan underestimated the peak resident set
 QWEN3_35M = dict(model_type="qwen3", hidden_size=192, intermediate_size=768, num_hidden_layers=10,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=48, vocab_size=151936,
                  tie_word_embeddings=True)
@@ -963,7 +964,7 @@ def test_from_configs_on_every_recipe(name):
     assert layout.world_size == r["accelerate"]["num_processes"]
     assert math.prod(layout.mesh.values()) == layout.world_size
     assert run.weights_dtype == r["training"]["dtype"] and run.mixed_precision == "bf16"
-    # issue 34: every full fine-tune and every adapter updates fp32 masters (no recipe trains pure bf16 by accident)
+    # every full fine-tune and every adapter updates fp32 masters (no recipe trains pure bf16 by accident)
     assert run.precision.master is not None and run.precision.bytes_per_param == 16, run.precision
     # checkpointing as the recipe sets it (its speed settings: `plan --fastest`), transformers' or FSDP's own
     fsdp = r["accelerate"].get("fsdp_config") or {}
@@ -1057,7 +1058,7 @@ def test_recipes_on_80gb():
 
 
 # =====================================================================================================================
-# Issue 28: what tracing the real step (`plan --trace`, tests/test_trace.py) and a careful read found
+# What tracing the real step (`plan --trace`, tests/test_trace.py) and a careful read found
 # =====================================================================================================================
 def test_one_process_has_no_ddp_bucket_and_qwen3_8b_fits_at_2k():
     """Accelerate wraps the model in DDP only with more than one process: a one-process Qwen3-8B ddp run at 2K
@@ -1106,7 +1107,7 @@ def test_nccl_allowance_per_communicator():
 
 
 def test_large_transients_without_expandable_segments_get_a_note():
-    """Issue 28: fragmentation is one 2% model, whatever the allocator setting. The run's PYTORCH_CUDA_ALLOC_CONF
+    """Fragmentation is one 2% model, whatever the allocator setting. The run's PYTORCH_CUDA_ALLOC_CONF
     (the config's env: block over the inherited environment, as TRL's parser sets it in each rank) now reaches the
     memory model: a GPU run whose largest phase transient is >= 1/3 of its allocated peak and >= 8 GiB without
     expandable segments gets a note saying so. Every shipped recipe that has such a transient sets them (the note
@@ -1141,7 +1142,7 @@ def test_large_transients_without_expandable_segments_get_a_note():
 
 
 def test_a_synthetic_fsdp2_run_plans_its_whole_model_start_up():
-    """Issue 28: a synthetic FSDP2 run builds the random model whole on every GPU and Accelerate upcasts it to fp32
+    """A synthetic FSDP2 run builds the random model whole on every GPU and Accelerate upcasts it to fp32
     before sharding (launch/rank/synthetic.py), which the plan did not show. Now a start-up term of 4 bytes a
     parameter, the peak where it exceeds training's: fsdp2 (Qwen3-8B) peaks at start-up and still fits; fsdp2-70b's
     synthetic run cannot fit on 80 GB GPUs (its real run does); DDP, ZeRO and CPU runs have no such term."""

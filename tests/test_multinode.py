@@ -60,8 +60,7 @@ CASES = {
 def test_two_machines_on_loopback_match_one_machine(case, tmp_path, smoke_runs):
     """With a scheduler's variables: no --num-processes, --num-machines, --machine-rank or --main-process-ip; each
     launcher takes them from its scheduler (launch.config.envvars.rendezvous). SkyPilot sets no port: its launchers get
-    the
-    test's free port as a flag, where a real node would use accelerate's 29500."""
+    the test's free port as a flag, where a real node would use accelerate's 29500."""
     recipe, processes, source, extra = CASES[case]
     port = free_port()
     options, training = (list(extra[:extra.index("--")]), list(extra[extra.index("--"):])) if extra else ([], [])

@@ -3,9 +3,8 @@ alst-ulysses-8gpu and the ring-cp recipes use with ZeRO-3 / FSDP2, and its CPU e
 (launch/cpu/pinned_offload.py).
 
 What makes it safe with ZeRO-3, where TRL's `activation_offloading` is not (launch/checks/rules/): the saved-tensor
-hook
-wraps each checkpointed decoder layer's call only, so it receives that layer's input hidden states and nothing else;
-no parameter (under ZeRO-3 a parameter carrying DeepSpeed's `ds_status`) ever passes through it. The distributed
+hook wraps each checkpointed decoder layer's call only, so it receives that layer's input hidden states and nothing
+else; no parameter (under ZeRO-3 a parameter carrying DeepSpeed's `ds_status`) ever passes through it. The distributed
 check (ZeRO-3 + Ulysses SP + TiledMLP, offload on vs off) is in tests/test_sp_parity.py.
 """
 

@@ -1,7 +1,6 @@
 """The output folder is the run's, and only the run's (launch/results/outdir.py): a lock held by a live launcher
-refuses a
-second one (a real second process here), a dead holder's lock is taken over, --overwrite deletes only what earlier
-runs created, and the manifest records what a run created."""
+refuses a second one (a real second process here), a dead holder's lock is taken over, --overwrite deletes only what
+earlier runs created, and the manifest records what a run created."""
 
 from __future__ import annotations
 

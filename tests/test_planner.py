@@ -113,7 +113,7 @@ def test_target_machine_options_change_the_plan(capsys):
 
 
 def test_lora_fits_one_24_gib_gpu_where_the_full_fine_tune_of_the_same_model_does_not(capsys, only_config):
-    """Issue 26: the planner knows adapters (a frozen bf16 base, gradients and Adam on the adapter only), so the LoRA
+    """The planner knows adapters (a frozen bf16 base, gradients and Adam on the adapter only), so the LoRA
     recipe's Qwen3-8B fits one 24 GiB GPU while zero3's full fine-tune of the same model does not."""
     model = only_config(QWEN3_8B)
     # with activation checkpointing, as on a 24 GB GPU (the recipe's 80 GB default does without: `--fastest` says so)

@@ -2,9 +2,8 @@
 `accelerate_config:` key into `accelerate launch --config_file` and runs TRL's trl/scripts/sft.py (no launcher
 checks, no tiled_mlp or other RecipeArguments). On CPU, with the smoke profile's arguments (built from
 launch.config.profiles, the launcher's own source of them) and two processes, its per-step losses must equal our
-launcher's
-run of the same recipe. TRL's sft.py keeps no trainer_state.json at the end, so the losses are read back from the
-trackio store the config reports to. The other way round, our train.py parses what sft.py parses, a `datasets:`
+launcher's run of the same recipe. TRL's sft.py keeps no trainer_state.json at the end, so the losses are read back
+from the trackio store the config reports to. The other way round, our train.py parses what sft.py parses, a `datasets:`
 mixture (TRL's DatasetMixtureConfig) included.
 
 On CPU, TRL's script lacks our CPU enablement: launch/cpu/site on PYTHONPATH adds the gloo exit pause (without it

@@ -1,6 +1,5 @@
 """launch/run/upstream_warnings.py: the ranks' PYTHONWARNINGS silences exactly torch's deprecation of the two
-collectives
-DeepSpeed and Accelerate call, and nothing else."""
+collectives DeepSpeed and Accelerate call, and nothing else."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def test_the_users_own_pythonwarnings_are_kept_and_win():
 
 def test_the_launcher_passes_them_to_the_ranks_and_names_deepspeeds_accelerator_on_cpu(tmp_path, monkeypatch):
     """child_env: the filters above, and on CPU DS_ACCELERATOR=cpu (launch.config.profiles.CPU_ENV), with which
-    DeepSpeed
-    picks the accelerator its detection would pick without its 'Setting accelerator to CPU' warning in every
+    DeepSpeed picks the accelerator its detection would pick without its 'Setting accelerator to CPU' warning in every
     process."""
     from launch.run import runner
     from launch.config.options import Options

@@ -3,8 +3,7 @@
 - `train.py` copies of `templates/train.py` in the recipe folders (`launch.recipe.copies`);
 - blocks between `<!-- generated: NAME -->` and `<!-- end generated -->` in each recipe's README (GENERATORS:
   `rules-cp` / `rules-sp`, the rules a CP / SP configuration must keep, from `launch.checks.rules`; `fits-on`, the
-  planner's
-  line for the recipe's own hardware) and in the repository's pages, README.md and docs/*.md (PAGE_GENERATORS:
+  planner's line for the recipe's own hardware) and in the repository's pages, README.md and docs/*.md (PAGE_GENERATORS:
   `recipe-table` from the recipe folders, `floors` from launch/'s imports, `timings` from docs/timings.json).
 
 `python -m launch sync-scripts` rewrites them; `check()` (run by tests/test_recipe_layout.py in CI) names every copy

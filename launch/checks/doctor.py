@@ -82,8 +82,7 @@ def machine_build(host: pinfiles.HostLock, installed: dict) -> str | None:
 
 
 # The rules of launch.checks.rules that doctor checks itself, with this machine's versions (`doctor RECIPE` adds the
-# rest of
-# the run's preflight, less these)
+# rest of the run's preflight, less these)
 DOCTOR_RULES = (rules.version_floors, rules.enough_gpus, rules.liger_kernel_installed)
 
 

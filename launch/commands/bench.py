@@ -4,8 +4,7 @@ global sequence length that really trains here.
 Starts from the planner's answer for this machine's GPUs, runs a few real steps per try (`--bench`, warm-up + 2
 measured steps) in a fresh launcher process each time, so that an out-of-memory error ends only that try, and
 bisects (`launch.speed.measured.search_longest`). Prints the table of tries: length, result, step time, peak reserved
-memory
-against the planner's prediction.
+memory against the planner's prediction.
 """
 
 from __future__ import annotations

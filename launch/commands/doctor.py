@@ -26,9 +26,8 @@ def main(argv: list[str]) -> int:
 
 def preflight(setup) -> list[str]:
     """The problems the run's preflight finds (the rules of launch.checks.rules, as `python -m launch RECIPE` checks
-    them):
-    a layout the run refuses is not `doctor: ok`. Less those run_doctor checks itself (DOCTOR_RULES), and the inputs
-    (model and dataset found and loadable): doctor checks a machine, often before the data is there."""
+    them): a layout the run refuses is not `doctor: ok`. Less those run_doctor checks itself (DOCTOR_RULES), and the
+    inputs (model and dataset found and loadable): doctor checks a machine, often before the data is there."""
     if setup is None:
         return []
     facts = runner.gather_facts(setup)

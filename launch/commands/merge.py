@@ -58,9 +58,8 @@ def main(argv: list[str]) -> int:
 
 def adapter_folder(folder: RunFolder, allow_quantized: bool = False) -> Path:
     """RUN_DIR/final, checked to hold an adapter that may be merged (launch.checks.rules.merge_problems, on the
-    identity the
-    launcher recorded for the run; a folder of plain `accelerate launch` has none, and only its files are checked), in
-    a folder no run is writing to."""
+    identity the launcher recorded for the run; a folder of plain `accelerate launch` has none, and only its files are
+    checked), in a folder no run is writing to."""
     if not folder.path.is_dir():
         raise LaunchError(f"{folder.path} does not exist; give the output folder of a LoRA / QLoRA run.")
     identity = (read_manifest(folder.path) or {}).get("run")

@@ -4,8 +4,7 @@ Three kinds are read elsewhere, on purpose: Hugging Face's own (HF_ENDPOINT, HF_
 hub module reads through huggingface_hub's parse of them, so that it probes what the downloads will use; trackio's
 TRACKIO_DIR, which `launch.run.tracking` reads as trackio itself does (a path, no parsing); and
 RECIPES_CACHE, which `launch.config.smoke` reads itself: it is on the lowest floor (it imports nothing of the launcher,
-and
-the tests call it directly), while this module raises LaunchError one floor up.
+and the tests call it directly), while this module raises LaunchError one floor up.
 
 The multi-node defaults come from the scheduler that started this machine's launcher (`rendezvous`): SLURM, SkyPilot,
 or torch elastic's PET_* variables (a Kubeflow Trainer TrainJob sets them). docs/schedulers.md shows each.
@@ -64,8 +63,7 @@ def optional_int(name: str, environ=None) -> int | None:
 # --- Rendezvous: where this machine's launcher stands among the machines of one job -----------------------------
 
 # The facts, named as the run options (`launch.config.options.Options`) and `accelerate launch`'s arguments, with the
-# flag
-# that sets each. num_processes counts the processes on all machines; a scheduler gives it per machine.
+# flag that sets each. num_processes counts the processes on all machines; a scheduler gives it per machine.
 RENDEZVOUS_FLAGS = {
     "num_machines": "--num-machines",
     "machine_rank": "--machine-rank",

@@ -132,9 +132,8 @@ class Precision:
         """The precision of a run of strategy `kind` ("ddp", "single", "deepspeed", "fsdp1", "fsdp2": `Layout.kind`)
         loaded in `load` under mixed precision `mixed` ("bf16", "fp16", "no"), training `adapter` (a
         `launch.config.adapter.Adapter`, or None), with Ulysses sequence parallelism over `sp` ranks: the module
-        docstring
-        says where each answer comes from. (Plain values, not the Layout and Adapter classes: this module sits below
-        both the memory model and the resolver.)"""
+        docstring says where each answer comes from. (Plain values, not the Layout and Adapter classes: this module sits
+        below both the memory model and the resolver.)"""
         load = dtype_name(load)
         low = MIXED_DTYPE[mixed]
         if adapter is not None:

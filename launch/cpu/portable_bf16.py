@@ -1,7 +1,6 @@
 """bf16 on CPU computed the same way, bit for bit, on every x86-64 CPU with AVX2 (x86-64-v3), so that a bf16 CPU
 run's recorded metrics (qlora-fsdp's smoke-cpu profile: QLoRA stays bf16 on CPU, launch/config/profiles.py) hold on
-whatever
-machine CI gets.
+whatever machine CI gets.
 
 The cause. Without this, torch 2.13's CPU arithmetic picks its kernels by the CPU it runs on, and each accumulates
 fp32 partial sums in its own order; in bf16 a last-bit difference flips a rounding, and training carries it on:
@@ -26,8 +25,7 @@ The pin, in the ranks of a `--cpu` run that computes in bf16, on x86-64 with AVX
   COMPATIBLE leaves out rcpps/rsqrtps, whose approximations differ between vendors).
 The two variables are read once, when torch starts, so the launcher puts them in the ranks' environment
 (`rank_env`, through launch/config/profiles.py `cpu_env`); the user's own value of any of them wins. The parts go
-together:
-on an AMX CPU, ATen's AVX2 build beside an enabled oneDNN fails in bf16 SDPA (torch 2.13: "pack_vnni2 is only
+together: on an AMX CPU, ATen's AVX2 build beside an enabled oneDNN fails in bf16 SDPA (torch 2.13: "pack_vnni2 is only
 supported when avx512 is supported").
 
 With the pin, the full smoke run's losses and grad norms are bitwise identical under every emulation tried (oneDNN

@@ -156,8 +156,7 @@ def _in_hub_cache(repo_id: str, repo_type: str) -> bool:
 def rope_parameters(config) -> dict:
     """The RoPE settings of a transformers config as the model has them (5.x: `rope_parameters`; older:
     `rope_scaling` + `rope_theta`), rope_theta included. Read by the RoPE rule (launch.checks.rules) and the loss
-    sentinel's
-    run identity (launch.results.sentinel)."""
+    sentinel's run identity (launch.results.sentinel)."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     params = dict(params) if isinstance(params, dict) else {}
     if "rope_theta" not in params and getattr(config, "rope_theta", None) is not None:

@@ -23,9 +23,8 @@ from launch.config.layout import Layout
 GPU_MEMORY_GIB = memory.H100_80GB_GIB
 # The launcher's spare: the share of each GPU's memory a plan should leave unused, the planner's error as measured
 # (launch/facts/calibration.py, one H100: the peak allocated 0-4.3% above the plan, the device memory in use from 1.0%
-# below
-# to 3.4% above it). The preflight refuses a run only above the GPU's capacity (the user's own settings; --force) and
-# says so when a run is within the spare; settings the launcher chooses itself (`--fastest`) stay out of it.
+# below to 3.4% above it). The preflight refuses a run only above the GPU's capacity (the user's own settings; --force)
+# and says so when a run is within the spare; settings the launcher chooses itself (`--fastest`) stay out of it.
 SPARE = 0.05
 
 
@@ -56,8 +55,7 @@ def architecture(model: hub.ModelConfig) -> memory.Architecture:
 
 def unmodelled(config) -> str | None:
     """Why the memory model does not describe this model, from the model's own modules (launch.facts.meta_model: built
-    on
-    the meta device): its repeated layer must hold exactly the Llama-style linear layers the memory model counts
+    on the meta device): its repeated layer must hold exactly the Llama-style linear layers the memory model counts
     (`memory.architecture.LAYER_LINEARS`). None when it does, or when the model cannot be built here (the config's
     fields are then read as they are)."""
     found = meta_model.modules(config)

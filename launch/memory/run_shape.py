@@ -2,9 +2,8 @@
 world size, machines, batch, lengths: every layout fact and its arithmetic, read as `run.layout.<fact>`), its
 `Precision` (load dtype, mixed precision, the dtype of the trainable parameters, gradients and optimizer states and
 where the fp32 masters live: `run.precision`, launch.config.precision), plus what only memory needs: device,
-checkpointing
-and its offload, attention kernel, loss, layer kernels, tiled MLP and the DeepSpeed / FSDP settings that change
-memory."""
+checkpointing and its offload, attention kernel, loss, layer kernels, tiled MLP and the DeepSpeed / FSDP settings that
+change memory."""
 
 from __future__ import annotations
 

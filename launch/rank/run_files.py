@@ -1,7 +1,6 @@
 """The names of the files in a run's output folder, for both sides of a run: the launcher joins them to a folder
 through `launch.results.outdir.RunFolder` (which also owns every check of the folder), and the training ranks write
-their
-heartbeat, bench and sentinel files under the folder the launcher passes them in MONITOR_ENV. Names only: this
+their heartbeat, bench and sentinel files under the folder the launcher passes them in MONITOR_ENV. Names only: this
 module imports nothing, so the ranks may import it without importing the launcher.
 
     OUTPUT_DIR/

@@ -3,8 +3,7 @@
 transformers imports peft with every `TrainingArguments` when peft is installed (`transformers/trainer_utils.py`:
 `if is_peft_available(): from peft import PeftMixedModel, PeftModel`), so the launcher imports it whenever it builds
 a recipe's parser (`launch.config.training_args`: the run form, plan, bench, record). peft then imports bitsandbytes at
-its
-own import (`peft/helpers.py`: `try: import bitsandbytes as bnb except ImportError: bnb = None`, used only by
+its own import (`peft/helpers.py`: `try: import bitsandbytes as bnb except ImportError: bnb = None`, used only by
 `find_kappa_target_modules`, which the launcher never calls). That import cost about 0.8 s of a dry run, and on a CPU
 with AVX512-BF16 bitsandbytes printed, from its import, "Failed to load CPU gemm_4bit_forward from kernels-community:
 No module named 'kernels'. Please make sure you already `pip install kernels` ..." (`bitsandbytes/backends/cpu/ops.py`

@@ -2,9 +2,8 @@
 
 A recipe folder is self-contained, so it holds its own `train.py`: the template with the optional sections its
 configs turn on (`launch.recipe.sections`), without the template's section lines, so that it reads top to bottom as a
-plain
-script. Its first line, the marker line `# Copied from templates/train.py [sections: ...]`, names those sections (the
-second line says how to fork) and promises that the rest equals the template rendered with them (as transformers'
+plain script. Its first line, the marker line `# Copied from templates/train.py [sections: ...]`, names those sections
+(the second line says how to fork) and promises that the rest equals the template rendered with them (as transformers'
 `# Copied from` comments do): `check_copies` names a copy that drifted and its first differing line, or a copy whose
 configs now turn on other sections; `sync_copies` (`python -m launch sync-scripts`) rewrites every marked copy with the
 sections its configs turn on. Deleting the marker line forks the script: the check and the sync then leave that file

@@ -4,8 +4,7 @@ A recipe's train.py holds the template's main path plus the sections its configs
 or ZeRO recipe's script holds no ALST code (the sections themselves: `launch.recipe.template`). A copy says which it
 holds on its first line, the marker line `# Copied from templates/train.py [sections: ...]`; a fork (a copy whose
 marker line was deleted) holds the sections whose functions it still defines. Used by `launch.recipe.copies`, which
-writes
-and checks the copies, and by `rules.script_holds_its_sections`, which refuses a run whose script lacks a section
+writes and checks the copies, and by `rules.script_holds_its_sections`, which refuses a run whose script lacks a section
 the run needs.
 """
 
@@ -46,8 +45,7 @@ SECTIONS = (
     Section("join-documents", "`join_documents_min_chars` above 0 in config.yaml",
             lambda config, accelerate: _number(config.get("join_documents_min_chars")) > 0),
     # The size as the config writes it (launch.config.layout, which validates the mesh, stands above this module). The
-    # patch
-    # runs only when a sequence-parallel run resumes, but the recipes that can resume one are those with SP.
+    # patch runs only when a sequence-parallel run resumes, but the recipes that can resume one are those with SP.
     Section("ulysses-resume", "`parallelism_config_sp_size` above 1 in the Accelerate config",
             lambda config, accelerate: _number((accelerate.get("parallelism_config") or {}).get(MESH_KEYS["sp"])) > 1),
     Section("fsdp1-adapter-save", "`use_peft: true` in config.yaml with an FSDP1 Accelerate config (fsdp_version 1)",

@@ -153,8 +153,7 @@ class SmokeGpu:
 
 def smoke_gpu(recipe) -> SmokeGpu:
     """The GPU smoke layout of `recipe` (a launch.recipe.discovery.Recipe): one process, unless its Accelerate config
-    fixes a
-    mesh of several (then its recorded smoke-cpu layout: processes, mesh sizes and training arguments)."""
+    fixes a mesh of several (then its recorded smoke-cpu layout: processes, mesh sizes and training arguments)."""
     accelerate = recipe.accelerate
     if not accelerate.get("parallelism_config"):
         return SmokeGpu(SMOKE_GPU_PROCESSES)

@@ -101,8 +101,7 @@ def child_env(setup, monitor_dir: Path, sentinel_env: dict | None = None) -> dic
 
 def loss_sentinel(setup, say=say, model=None) -> dict:
     """The ranks' environment for the first-steps loss sentinel (launch.results.sentinel): for a synthetic run, the
-    band of a
-    random model's first loss (about ln(vocabulary)); else the band recorded for this recipe and profile in
+    band of a random model's first loss (about ln(vocabulary)); else the band recorded for this recipe and profile in
     expected_metrics.json (checked when it was read), or {} (off: no band, asked off, or a run that is another run
     than the band was recorded with: another architecture, RoPE, length or layout; each said). `model`: the model's
     config as launch.facts.hub read it (read here when not given)."""

@@ -14,8 +14,7 @@ from TRL's `trl/scripts/sft.py` and parses the same arguments, plus the recipe's
 templates/train.py is the canonical script. Each recipe's train.py is a copy of it that holds only the optional
 sections its configs turn on (ALST's tiled MLP, joined documents, exact resume under Ulysses SP, ...), written by
 `python -m launch sync-scripts`: launch/recipe/sections.py says which config turns on which section. In the template
-each
-section sits between `# begin section NAME` and `# end section NAME` lines; the copies leave those lines out.
+each section sits between `# begin section NAME` and `# end section NAME` lines; the copies leave those lines out.
 """
 
 import os

@@ -15,8 +15,7 @@ from launch.facts.machine import REPORTED
 from launch.recipe.discovery import RECIPES_DIR, find_recipe
 
 # The versions of the fake machine: every package the launcher looks up (launch.facts.machine.REPORTED), at its pin, as
-# in the
-# image (the optional packages a setting needs included: launch.checks.rules' optional-package rules)
+# in the image (the optional packages a setting needs included: launch.checks.rules' optional-package rules)
 PINNED = {name: read_pins()[name] for name in REPORTED}
 
 
