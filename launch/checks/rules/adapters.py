@@ -181,16 +181,13 @@ def quantized_base_on_cpu(setup, facts: Facts):
     "`gradient_checkpointing`), not `fsdp_activation_checkpointing`",
     "the adapter is saved EMPTY (0 tensors in final/ and in every checkpoint), silently"))
 def adapter_with_fsdp_activation_checkpointing(setup, facts: Facts):
-    fsdp = setup.accelerate.get("fsdp_config") or {}
-    if (_adapter(setup) is None or setup.layout.sharding != "fsdp"
-            or not is_on(fsdp.get("fsdp_activation_checkpointing", False))):
+    if _adapter(setup) is None or setup.layout.sharding != "fsdp" or not setup.checkpointing.fsdp:
         return None
     return ("A LoRA / QLoRA run under FSDP cannot use fsdp_activation_checkpointing: true. FSDP's checkpointing wraps "
             "each decoder layer in torch's checkpoint_wrapper, so module names gain `._checkpoint_wrapped_module.`, "
             "which PEFT's get_peft_model_state_dict does not strip (it strips `_fsdp_wrapped_module.` only): final/ "
-            "and "
-            "every checkpoint's adapter_model.safetensors would hold 0 tensors, silently (measured with peft 0.21.2, "
-            "accelerate 1.15). Set fsdp_activation_checkpointing: false in the Accelerate config and "
+            "and every checkpoint's adapter_model.safetensors would hold 0 tensors, silently (measured with peft "
+            "0.21.2, accelerate 1.15). Set fsdp_activation_checkpointing: false in the Accelerate config and "
             "activation_checkpointing: true in config.yaml (transformers' checkpointing: the adapter is saved whole).")
 
 

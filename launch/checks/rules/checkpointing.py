@@ -7,7 +7,6 @@ import json
 
 
 from launch.checks.rules.registry import Facts, rule
-from launch.switches import is_on
 from launch.config.training_args import alias_ignored
 
 @rule(doc=(
@@ -37,9 +36,8 @@ def _argv_value(value) -> str:
     "Trainer: \"`fsdp_config['activation_checkpointing']` (FSDP's own activation checkpointing) and the "
     "`activation_checkpointing` training argument can't both be set to True. ...\""))
 def checkpointing_not_twice(setup, facts: Facts):
-    fsdp = setup.accelerate.get("fsdp_config") or {}
-    ckpt = setup.checkpointing  # both names resolved once (launch.config.training_args.checkpointing)
-    if is_on(fsdp.get("fsdp_activation_checkpointing")) and ckpt.enabled:
+    ckpt = setup.checkpointing  # transformers' and FSDP's, read once (launch.config.training_args.checkpointing)
+    if ckpt.fsdp and ckpt.enabled:
         where = setup.explicit.get(ckpt.name, (0, "TRL's default"))[1]
         return (
             "FSDP activation checkpointing (fsdp_activation_checkpointing in the Accelerate config) and activation "
