@@ -26,12 +26,14 @@ def main(argv: list[str] | None = None) -> int:
             # imported here, inside the handler: importing the commands takes a second or more (torch, transformers),
             # and an in-process caller's Ctrl-C then is one line too (the program's: launch.run.interrupt, until it
             # writes)
-            from launch.commands import guarded, registered, run
+            from launch.commands import COMMAND_NAMES, guarded, lookup
 
-            commands = registered()
-            if argv and argv[0] in commands:
-                command, rest, reads_first = commands[argv[0]].main, argv[1:], commands[argv[0]].reads_first
+            if argv and argv[0] in COMMAND_NAMES:  # only that command's module is imported
+                found = lookup(argv[0])
+                command, rest, reads_first = found.main, argv[1:], found.reads_first
             else:  # the run form: its first word is a recipe; it hands over itself, before it claims the output folder
+                from launch.commands import run
+
                 command, rest, reads_first = guarded(run.main), argv, True
             if not reads_first:  # a command that writes from its start: a Ctrl-C raises, so that it cleans up
                 interrupt.writing()

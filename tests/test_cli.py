@@ -102,6 +102,27 @@ def test_every_command_claims_its_word_in_recipes():
     """launch.commands refuses to register a name that launch.recipe.discovery does not reserve, and every reserved
     name is a command: recipe discovery (a floor below the commands) refuses exactly the commands' names."""
     assert set(COMMANDS) == set(recipes.COMMAND_NAMES)
+    # what the source says of each command is what it registers: its module and its help line
+    sources = recipes.command_sources()
+    assert {name: (c.main.__wrapped__.__module__, c.help) for name, c in COMMANDS.items()} == {
+        name: (f"launch.commands.{module}", help_text) for name, (module, help_text) in sources.items()}
+
+
+def test_a_command_imports_only_its_own_module():
+    """`python -m launch plan` imports plan's module, not the run form's (the runner, doctor, PEFT): a plan takes
+    about half a second less (docs/planning.md's timings)."""
+    import subprocess
+    import sys
+
+    from launch import REPO_ROOT
+
+    code = ("import sys; from launch.__main__ import main; main(['plan', 'ddp', '--json']); "
+            "print(sorted(m for m in ('launch.commands.run', 'launch.run.runner', 'launch.commands.bench') "
+            "if m in sys.modules), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == "[]"
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from launch.errors import LaunchError
-from launch.recipe.discovery import COMMAND_NAMES
+from launch.recipe.discovery import COMMAND_NAMES, command_sources
 
 
 @dataclass(frozen=True)
@@ -81,10 +81,18 @@ def registered() -> dict[str, Command]:
     return dict(sorted(_REGISTRY.items()))
 
 
+def lookup(name: str) -> Command:
+    """One command, importing only its own module (`python -m launch plan` need not import what `bench` or a run
+    imports: seconds of torch, PEFT and DeepSpeed's modules)."""
+    module, _help = command_sources()[name]
+    importlib.import_module(f"{__name__}.{module}")
+    return _REGISTRY[name]
+
+
 def overview() -> str:
-    """The commands, one line each (the epilog of `python -m launch --help`)."""
-    commands = registered()
+    """The commands, one line each (the epilog of `python -m launch --help`), read from their modules' source."""
+    commands = {name: help_text for name, (_module, help_text) in command_sources().items()}
     width = max(map(len, commands)) + 2
-    lines = [f"  {c.name:<{width}}{c.help}" for c in commands.values()]
+    lines = [f"  {name:<{width}}{help_text}" for name, help_text in commands.items()]
     return "\n".join(["commands (python -m launch COMMAND ...; `python -m launch help COMMAND` shows its options):",
                       *lines, "", "Training arguments after `--` are passed to the recipe's train.py unchanged."])

@@ -24,23 +24,30 @@ RECIPE_FILES = ("config.yaml", "train.py", "expected_metrics.json", "README.md")
 COMMANDS_DIR = Path(__file__).resolve().parent.parent / "commands"
 
 
-def command_names(folder: Path = COMMANDS_DIR) -> tuple[str, ...]:
-    """The words of the commands in launch/commands/: the NAME of each `@command(NAME, HELP)`, read from the modules'
-    source (ast) without importing them (they import most of the launcher, which imports this module). The one list
-    of the words `python -m launch WORD` reads as a command; `launch.commands.command` refuses a name not found here
-    (e.g. one that is not a literal string)."""
-    names = []
+def command_sources(folder: Path = COMMANDS_DIR) -> dict[str, tuple[str, str]]:
+    """The commands in launch/commands/, read from the modules' source (ast) without importing them (they import
+    most of the launcher, which imports this module): NAME -> (its module's name, HELP) for each
+    `@command(NAME, HELP)`. `python -m launch NAME` then imports that one module only, and the overview of the
+    commands needs none of them."""
+    found = {}
     for path in sorted(folder.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
             if isinstance(node, ast.FunctionDef):
-                names += [d.args[0].value for d in node.decorator_list
-                          if isinstance(d, ast.Call) and getattr(d.func, "id", None) == "command" and d.args
-                          and isinstance(d.args[0], ast.Constant) and isinstance(d.args[0].value, str)]
-    return tuple(sorted(names))
+                for d in node.decorator_list:
+                    if (isinstance(d, ast.Call) and getattr(d.func, "id", None) == "command" and d.args
+                            and isinstance(d.args[0], ast.Constant) and isinstance(d.args[0].value, str)):
+                        help_text = d.args[1].value if len(d.args) > 1 and isinstance(d.args[1], ast.Constant) else ""
+                        found[d.args[0].value] = (path.stem, help_text)
+    return dict(sorted(found.items()))
 
 
-# The first words `python -m launch WORD` reads as a command, not as a recipe: a folder of recipes/ named like one could
-# never be run by name, so discovery refuses it.
+def command_names(folder: Path = COMMANDS_DIR) -> tuple[str, ...]:
+    """The words of the commands in launch/commands/ (`command_sources`): the one list of the words `python -m
+    launch WORD` reads as a command; `launch.commands.command` refuses a name not found here (e.g. one that is not a
+    literal string)."""
+    return tuple(command_sources(folder))
+
+
 COMMAND_NAMES = command_names()
 
 
