@@ -3,7 +3,12 @@
 Plans for a *target* machine (GPUs per node, nodes, GPU and host memory), not this one: it runs on a laptop without
 GPUs, resolves the run as a real run would (`launch.run.resolve`) and asks `launch.memory.plan` for its memory.
 
-Exit status: 0 fits, 1 does not fit, 2 invalid input (or the model's config.json cannot be read).
+Before planning it refuses (exit 2) what the run itself would refuse on the target: a mesh the target's GPUs cannot
+hold (`launch.config.layout.processes_problem`, the run's own check) and settings the run's rules refuse
+(`PLANNED_RULES`: every rule about the run's settings, not about the machine it starts on).
+
+Exit status: 0 fits (with `--fastest`: the fastest search found a setting that fits, which a run with `--fastest`
+would apply), 1 does not fit, 2 invalid input (or the model's config.json cannot be read).
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import json
 import math
 
 from launch.speed import fastest
+from launch.checks import rules
 from launch.commands import command
+from launch.config.layout import processes_problem
 from launch.errors import LaunchError
 from launch.facts.hub import model_problem
 from launch.memory.plan import GPU_MEMORY_GIB, Target, describe, plan_memory, trace_plan
@@ -23,6 +30,14 @@ from launch.run.resolve import resolve
 
 # the run's own options that a plan takes too (launch.config.options declares them)
 RUN_OPTIONS = ("recipe", "model", "mesh")
+# The run's rules a plan does not check: where and how the processes start (the rendezvous of a multi-node launch),
+# which a plan, made for a target machine, does not know. Every other rule about the run (not `machine=True`) is
+# checked before planning: a plan of a run the preflight refuses would answer for a run that cannot start.
+NOT_PLANNED = (rules.rendezvous_port, rules.multinode_rendezvous)
+
+
+def planned_rule(r: rules.Rule) -> bool:
+    return not r.machine and r.fn not in NOT_PLANNED
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,10 +79,17 @@ def main(argv: list[str]) -> int:
         raise LaunchError(f"--gpus, --nodes, --gpu-memory and --host-memory must be positive finite numbers (given: "
                           f"--gpus {ns.gpus}, --nodes {ns.nodes}, --gpu-memory {ns.gpu_memory:g}, --host-memory "
                           f"{ns.host_memory if ns.host_memory is None else format(ns.host_memory, 'g')}).")
+    # --gpus: the target's machines are --nodes of them (1 unless given), as `--num-processes --num-machines` for a run
     options = Options(**values_from(ns, RUN_OPTIONS), extra=extra,
-                      num_machines=ns.nodes if ns.nodes > 1 else None,
+                      num_machines=ns.nodes if ns.nodes > 1 or ns.gpus else None,
                       num_processes=ns.gpus * ns.nodes if ns.gpus else None)
     setup = resolve(options, progress=lambda *_: None)
+    if found := processes_problem(setup.layout, setup.accelerate):
+        raise LaunchError(layout_refused(setup, found, ns))
+    # the run's rules about its settings (the model's own are skipped: the planner reads its config.json below)
+    if problems := rules.check(setup, rules.Facts(), only=planned_rule).problems:
+        raise LaunchError("A run of this plan would be refused before it starts, so nothing is planned:\n\n"
+                          + "\n\n".join(problems))
     target = Target(ns.gpus or setup.layout.processes_per_machine, ns.nodes, ns.gpu_memory, ns.host_memory)
     # what the run's preflight refuses in the model's config (a plan reads no weights: as a synthetic run)
     if problem := model_problem(setup.training.get("model_name_or_path"), synthetic=True):
@@ -82,16 +104,42 @@ def main(argv: list[str]) -> int:
         return 1
     traced = trace_plan(plan, setup) if ns.trace else None
     # --fastest: the speed settings searched on the target (a GPU machine set up from the image's lock)
-    found = fastest.search(setup, plan, liger_installed=fastest.liger_in_image_lock()) if ns.fastest else None
+    search = fastest.search(setup, plan, liger_installed=fastest.liger_in_image_lock()) if ns.fastest else None
+    # --fastest: the status a run with --fastest would have, which applies the fastest setting that fits
+    status = (0 if search.chosen else 1) if search else (0 if plan.fits and (plan.longest or not auto) else 1)
     if ns.json:
         print(json.dumps({**plan.as_json(), **({"trace": traced[1]} if traced else {}),
-                          **(found.as_json() if found else {})}, indent=2))
-        return 0 if plan.fits and (plan.longest or not auto) else 1
+                          **(search.as_json() if search else {})}, indent=2))
+        return status
     print(plan.layout.describe())  # the run's layout at the planned length (with auto: the length found)
     print(plan.run.precision.describe())  # what the bytes per parameter come from (launch.config.precision)
     print(describe(plan))
     if traced:
         print(traced[0])
-    if found:
-        print(fastest.describe(found))
-    return 0 if plan.fits else 1
+    if search:
+        print(fastest.describe(search))
+        if search.chosen and not plan.fits:
+            print("Exit status 0: the recipe's own settings do not fit, the fastest setting that fits does (a run "
+                  "with --fastest applies it).")
+        elif not search.chosen and plan.fits:
+            print("Exit status 1: the recipe's own settings fit, but only within the launcher's spare; no setting "
+                  "--fastest may choose fits (a run with --fastest keeps the recipe's own).")
+    return status
+
+
+def layout_refused(setup, found: tuple[str, str], ns) -> str:
+    """The one paragraph `plan` refuses a mesh the target's GPUs cannot hold with: the run's own check
+    (`processes_problem`) and the sizes that would work, in plan's flags."""
+    layout = setup.layout
+    what, problem = found
+    need = layout.mesh_size if what == "mesh" else layout.world_size
+    recipe_machines = int(setup.recipe.accelerate.get("num_machines", 1) or 1)
+    nodes_tried = [nodes for nodes in dict.fromkeys((recipe_machines, ns.nodes)) if need % nodes == 0] or [1]
+    sizes = [f"--gpus {need // nodes}" + (f" --nodes {nodes}" if nodes > 1 else "") for nodes in nodes_tried]
+    if what == "mesh" and (mesh := layout.mesh_for(layout.world_size)):
+        sizes.append(" ".join(f"--{name.replace('_', '-')}-size {size}" for name, size in mesh.items())
+                     + f" on these {layout.world_size} GPU(s)")
+    target = f"{layout.num_machines} node(s) x {layout.processes_per_machine} GPU(s)" if what == "mesh" \
+        else f"{layout.world_size} GPU(s) over {layout.num_machines} node(s)"
+    return (f"{problem.rstrip('.')}; a run on {target} refuses this layout before it starts (the rule "
+            f"processes_fit_layout), so nothing is planned. Sizes that would work: {'; or '.join(sizes)}.")

@@ -7,9 +7,9 @@ Modelled on torchtitan's `ParallelDims`: one object holds the mesh, validated by
 `ParallelismConfig` where the config has one, and answers the derived questions (data-parallel size, the
 sequence-length divisor, the group the model states are sharded over). `ParallelismConfig` validates the sizes
 (each >= 1, CP and SP exclusive, CP/TP not on pure replication); its own `total_size == num_processes` check runs
-only in the ranks and is skipped for DeepSpeed SP, so `launch.checks.rules.processes_fit_layout` keeps that one.
-Nothing here starts a process;
-`python -m launch RECIPE --dry-run` prints it.
+only in the ranks and is skipped for DeepSpeed SP, so `processes_problem` here keeps that one (for the run's rule
+`launch.checks.rules.processes_fit_layout` and for `plan`). Nothing here starts a process; `python -m launch RECIPE
+--dry-run` prints it.
 """
 
 from __future__ import annotations
@@ -203,6 +203,21 @@ class Layout:
             name += f" + Ulysses SP (sp={self.sp})"
         return name
 
+    @property
+    def mesh_size(self) -> int:
+        """dp_replicate x dp_shard x tp x cp x sp: the processes the mesh takes."""
+        return math.prod(int(self.mesh.get(name, 1)) for name in MESH_KEYS)
+
+    def mesh_for(self, processes: int) -> dict:
+        """The mesh sizes to change so that this mesh takes `processes` processes: its largest dimension (tp is never
+        resized) scaled to the processes the others leave ({} when they do not divide `processes`)."""
+        sizes = {name: int(self.mesh.get(name, 1)) for name in MESH_KEYS if name != "tp"}
+        largest = max(sizes, key=lambda name: sizes[name])
+        others = self.mesh_size // sizes[largest]
+        if processes % others or processes // others == sizes[largest]:
+            return {}
+        return {largest: processes // others}
+
     def as_dict(self) -> dict:
         derived = ("strategy", "dp_world_size", "shard_group", "seq_multiple", "effective_batch", "per_rank_length",
                    "tokens_per_step")
@@ -270,3 +285,19 @@ def _int(value, key) -> int:
         return int(value if value is not None else 1)
     except (TypeError, ValueError):
         raise LaunchError(f"`{key}` is {value!r}; expected an integer.") from None
+
+
+def processes_problem(layout: Layout, accelerate: dict) -> tuple[str, str] | None:
+    """(what, why) the run's processes cannot hold its layout, `what` being "machines" or "mesh"; None when they can.
+    They must spread evenly over its machines, and with a `parallelism_config` the mesh must take exactly them
+    (Accelerate checks that in the ranks only, and not at all for DeepSpeed SP, whose num_processes is per node). The
+    one check of it: the run's rule (`launch.checks.rules.processes_fit_layout`) and `python -m launch plan` call it,
+    each adding how to fix it in its own flags."""
+    if layout.world_size % layout.num_machines:
+        return "machines", f"{layout.world_size} processes cannot be spread evenly over {layout.num_machines} machines"
+    if accelerate.get("parallelism_config") and layout.mesh_size != layout.world_size:
+        dims = " x ".join(f"{k}={v}" for k, v in layout.mesh.items())
+        return "mesh", (f"The recipe's parallel layout ({dims} = {layout.mesh_size}) does not use "
+                        f"{layout.world_size} processes: dp_replicate x dp_shard x tp x cp x sp must equal the number "
+                        "of processes on all machines together.")
+    return None

@@ -10,6 +10,7 @@ from packaging.version import Version
 
 from launch.checks.rules.registry import Facts, features, rule
 from launch.config import envvars
+from launch.config.layout import processes_problem
 from launch.facts import hub
 from launch.recipe import sections, template as train_template
 from launch.recipe.discovery import RECIPES_DIR
@@ -102,24 +103,14 @@ def numbers_positive(setup, facts: Facts):
     "Accelerate: \"ParallelismConfig total_size (N) does not match num_processes (M)\" in the ranks; not checked at "
     "all for DeepSpeed SP"))
 def processes_fit_layout(setup, facts: Facts):
-    plan = setup.layout
-    if plan.world_size % plan.num_machines:
-        return (
-            f"{plan.world_size} processes cannot be spread evenly over {plan.num_machines} machines; "
-            "num_processes counts processes on all machines together."
-        )
-    if setup.accelerate.get("parallelism_config"):
-        m = plan.mesh
-        product = m["dp_replicate"] * m["dp_shard"] * m["tp"] * m["cp"] * m["sp"]
-        if product != plan.world_size:
-            dims = " x ".join(f"{k}={v}" for k, v in m.items())
-            # Accelerate checks this in the ranks only, and not at all for DeepSpeed SP (its num_processes is per node)
-            return (
-                f"The recipe's parallel layout ({dims} = {product}) does not use {plan.world_size} processes: "
-                "dp_replicate x dp_shard x tp x cp x sp must equal the number of processes on all machines together. "
-                "Pass a matching --num-processes, or change the mesh sizes (--dp-shard-size, --sp-size, --cp-size ...)."
-            )
-    return None
+    # the check itself is `launch.config.layout.processes_problem`, which `plan` calls too; this adds the run's flags
+    if (found := processes_problem(setup.layout, setup.accelerate)) is None:
+        return None
+    what, problem = found
+    if what == "mesh":
+        return (f"{problem} Pass a matching --num-processes, or change the mesh sizes (--dp-shard-size, --sp-size, "
+                "--cp-size ...).")
+    return f"{problem}; num_processes counts processes on all machines together."
 
 
 @rule()

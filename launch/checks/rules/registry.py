@@ -62,10 +62,13 @@ class Report:
         return self.problems + self.machine_problems
 
 
-def check(setup, facts: Facts) -> Report:
-    """Every broken rule's message (empty lists when the setup is valid), split by kind."""
+def check(setup, facts: Facts, only: Callable[[Rule], bool] | None = None) -> Report:
+    """Every broken rule's message (empty lists when the setup is valid), split by kind; `only`: the rules to check
+    (`python -m launch plan` checks those about the run's settings)."""
     report = Report([], [], [])
     for r in RULES:
+        if only is not None and not only(r):
+            continue
         if r.applies is not None and not r.applies(setup):
             continue
         if r.needs_model and facts.model_config is None:
