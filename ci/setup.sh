@@ -17,7 +17,11 @@
 #                                        DIR/bundle.lock lists them, DIR/bundle.json says what for. --list prints
 #                                        the packages and downloads nothing; NAME...: only these packages.
 #   bash ci/setup.sh --from DIR [--check] on the GPU machine, offline: the virtualenv from DIR (--no-index) on top
-#                                        of the machine's own torch (PYTHON: the interpreter that imports it)
+#                                        of the machine's own torch (PYTHON: the interpreter that imports it). DIR is
+#                                        checked first (launch.lockfile bundle-check: made from this checkout's
+#                                        image.lock, for PYTHON's version and platform, a file of the right sha256
+#                                        for every entry); a bundle that cannot install says why and what to run,
+#                                        before anything is created
 #
 #   VENV=.venv       where the virtualenv lives, relative to the repository (default .venv; --gpu and --from:
 #                    .venv-gpu); DIR is relative to the current folder
@@ -28,7 +32,11 @@
 # --gpu and --from write a setup marker into the virtualenv (llm-recipes-setup.json, by launch.lockfile's `mark`):
 # the lock it was set up from, and from a bundle the packages left to the machine's torch build; `python -m launch
 # doctor` judges the environment against that lock and reports the machine's torch build beside it without failing
-# on it.
+# on it. The marker is written only when every package of the lock (the bundle's) is installed inside the virtualenv
+# at its version: a bundle's venv also sees the machine's packages, and pip installs nothing for a package it finds
+# there at the locked version, so --from installs those into the venv afterwards (--ignore-installed).
+#
+# A virtualenv this run created is removed when the setup fails: no half-made venv is left behind.
 #
 # torch is its CPU build (torch==<pin>+cpu in the lock), which is not on the package index: pip takes it from
 # a wheel directory it is already configured with (PIP_FIND_LINKS, pip.conf), else from PyTorch's CPU wheel page.
@@ -132,12 +140,25 @@ if [ "$mode" = from ]; then
     for file in bundle.lock bundle.json; do
         [ -f "$dir/$file" ] || { echo "ci/setup.sh: $dir/$file not found: make the bundle with \`bash ci/setup.sh --bundle $dir\`" >&2; exit 2; }
     done
-    field() { "$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$dir/bundle.json" "$1"; }
-    if [ "$(field lock_sha256)" != "$(sha256sum requirements/image.lock | cut -d' ' -f1)" ]; then
-        echo "ci/setup.sh: $dir was made from another requirements/image.lock than this checkout's: make it again (bash ci/setup.sh --bundle $dir)" >&2
+    # The bundle against the interpreter it installs for (the venv's when it exists, else PYTHON), before anything is
+    # created: launch.lockfile needs `packaging`; an interpreter without it borrows the bundle's own wheel (pure
+    # Python, imported from the zip), once its sha256 is one that bundle.lock lists.
+    judge=$PYTHON
+    [ -x "$VENV/bin/python" ] && judge="$VENV/bin/python"
+    pythonpath=$PWD
+    if ! "$judge" -c 'import packaging.tags, packaging.utils' > /dev/null 2>&1; then
+        wheel=$(find "$dir" -maxdepth 1 -name 'packaging-*-py3-none-any.whl' | head -1)
+        if [ -z "$wheel" ] || ! lock_entries "$dir/bundle.lock" packaging | grep -q "sha256:$(sha256sum "$wheel" | cut -d' ' -f1)"; then
+            echo "ci/setup.sh: $judge has no \`packaging\` and $dir no packaging wheel of bundle.lock to check the bundle with: set PYTHON to the interpreter of the machine's torch and make the bundle again (bash ci/setup.sh --bundle $dir)" >&2
+            exit 2
+        fi
+        pythonpath="$pythonpath:$wheel"
+    fi
+    if ! why=$(cd / && PYTHONPATH="$pythonpath" "$judge" -m launch.lockfile bundle-check "$dir" 2>&1); then
+        echo "ci/setup.sh: $why" >&2
         exit 2
     fi
-    target_python=$(field python_version)
+    target_python=$(python_version "$judge")
 else
     target_python=$(lock_target "$LOCK" | cut -d' ' -f1)
 fi
@@ -152,6 +173,8 @@ if [ ! -x "$VENV/bin/python" ]; then
         exit 2
     fi
     echo "ci/setup.sh: creating $VENV"
+    # from here on, a failure removes the virtualenv this run created (pip's own output above says why)
+    trap 'status=$?; if [ $status -ne 0 ]; then rm -rf "$VENV"; echo "ci/setup.sh: the setup failed (above); removed $VENV, which this run had created" >&2; fi' EXIT
     "$PYTHON" -m venv "$VENV"
     if [ "$mode" = from ]; then
         # The machine's own packages (its torch, triton, CUDA wheels) are seen after the venv's own: a .pth file
@@ -182,8 +205,11 @@ mark() {
 
 # Up to date: every package of the lock is installed at its version (launch.lockfile reads the lock; it needs
 # `packaging`, so on a new virtualenv this fails and the install runs) and `launch` is this checkout's.
+# --gpu and --from: installed inside the venv itself (a bundle's venv sees the machine's packages too).
+inside=()
+[ "$mode" = cpu ] || inside=(--venv "$VENV")
 up_to_date() {
-    "$py" -m launch.lockfile check "$LOCK" > /dev/null 2>&1 \
+    "$py" -m launch.lockfile check "${inside[@]}" "$LOCK" > /dev/null 2>&1 \
         && [ "$(cd / && "$py" -c 'import launch; print(launch.__file__)' 2>/dev/null)" = "$PWD/launch/__init__.py" ]
 }
 
@@ -194,7 +220,7 @@ if up_to_date; then
 fi
 if $check_only; then
     echo "ci/setup.sh: $VENV differs from $LOCK:" >&2
-    "$py" -m launch.lockfile check "$LOCK" >&2 || true
+    "$py" -m launch.lockfile check "${inside[@]}" "$LOCK" >&2 || true
     exit 1
 fi
 
@@ -220,6 +246,19 @@ pip install --quiet --require-hashes --no-deps --only-binary=:all: "${source[@]}
 rm -f "$VENV/build-backends.lock"
 # --no-deps: the lock is the whole set, nothing is resolved or added (pip check proves it is complete)
 pip install --quiet --require-hashes --no-deps --no-build-isolation --only-binary=:all: --no-binary="$source_only" "${source[@]}" -r "$LOCK"
+if [ "$mode" = from ]; then
+    # pip installs nothing for a package it sees installed at its locked version, and this venv sees the machine's
+    # packages too (the .pth file): those are installed into the venv now, from the bundle. --ignore-installed only
+    # for these, which the venv itself does not hold at all (one it held at another version pip has just replaced).
+    "$py" -m launch.lockfile missing "$VENV" "$LOCK" > "$VENV/machine-satisfied.lock"
+    if [ -s "$VENV/machine-satisfied.lock" ]; then
+        echo "ci/setup.sh: installing into $VENV what pip took from the machine's packages:" \
+            "$(sed -n 's/==.*//p' "$VENV/machine-satisfied.lock" | paste -sd' ' -)"
+        pip install --quiet --require-hashes --no-deps --no-build-isolation --ignore-installed --only-binary=:all: \
+            --no-binary="$source_only" "${source[@]}" -r "$VENV/machine-satisfied.lock"
+    fi
+    rm -f "$VENV/machine-satisfied.lock"
+fi
 pip install --quiet --no-deps --no-build-isolation "${source[@]}" -e .
 if [ "$mode" = from ]; then
     # The machine's packages are visible too (its torch was built with other pins): what pip check says is shown,
@@ -230,8 +269,9 @@ else
 fi
 if ! up_to_date; then
     echo "ci/setup.sh: $VENV still differs from $LOCK:" >&2
-    "$py" -m launch.lockfile check "$LOCK" >&2 || true
+    "$py" -m launch.lockfile check "${inside[@]}" "$LOCK" >&2 || true
     exit 1
 fi
 mark
+trap - EXIT
 echo "ci/setup.sh: $VENV matches $LOCK"

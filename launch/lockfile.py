@@ -2,8 +2,13 @@
 environment before the launcher itself can run. From the repository root:
 
     pin NAME                          print NAME's version in pins.txt
-    check [--exact] LOCK              exit 1 unless every package of LOCK is installed at its version
-                                      (--exact: and nothing else is, pip and this project aside)
+    check [--exact] [--venv VENV] LOCK
+                                      exit 1 unless every package of LOCK is installed at its version
+                                      (--exact: and nothing else is, pip and this project aside; --venv: inside the
+                                      virtualenv VENV itself, not beside it: the machine's packages a bundle's venv
+                                      sees do not count)
+    missing VENV LOCK                 print the entries of LOCK (with their hashes) not installed inside VENV at
+                                      their version: what pip left to the machine's packages
     compare LOCK RESOLVED             exit 1 unless RESOLVED (a resolver's output) pins exactly LOCK and every entry of
                                       LOCK has a hash
     constraints LOCK [--without NAME]...
@@ -14,15 +19,20 @@ environment before the launcher itself can run. From the repository root:
     bundle DIR --python-version X.Y --platform TAG [--list] [NAME...]
                                       write DIR/bundle.lock (image.lock less the torch build, with hashes; NAME...:
                                       only these) and DIR/bundle.json (what it is for); --list: print them instead
+    bundle-check DIR                  exit 1, saying why in one paragraph, unless the bundle in DIR installs this
+                                      checkout on this interpreter: made from its image.lock, for its Python version
+                                      and a platform it installs, a file of the right hash for every entry
     platforms TAG                     print the platform tags a machine of TAG installs (PEP 600)
     mark VENV LOCK SETUP [BUNDLE_DIR] write VENV's setup marker: the lock it was set up from (and, from a bundle, the
-                                      packages left to the machine's torch build)
+                                      packages left to the machine's torch build); exit 1 and write nothing unless
+                                      every package of LOCK (BUNDLE_DIR/bundle.lock) is installed inside VENV at
+                                      its version
 
-Run by ci/setup.sh (bundle, platforms, mark, check), requirements/lock.sh (pin, constraints, compare), the
-Dockerfile and ci/image.sh (check --exact). Not a command of `python -m launch`, whose commands import the whole
-launcher: this runs with the standard library and `packaging` only, as ci/setup.sh needs it before any virtualenv
-exists (a bare `python3` with `packaging`, or a throwaway virtualenv). A malformed pins or lock file is one line
-naming it, exit status 1; a usage error, exit status 2.
+Run by ci/setup.sh (bundle, bundle-check, platforms, missing, mark, check), requirements/lock.sh (pin, constraints,
+compare), the Dockerfile and ci/image.sh (check --exact). Not a command of `python -m launch`, whose commands import the
+whole launcher: this runs with the standard library and `packaging` only, as ci/setup.sh needs it before any virtualenv
+exists (a bare `python3` with `packaging`, or a throwaway virtualenv). A malformed pins or lock file is one line naming
+it, exit status 1; a usage error, exit status 2.
 """
 
 from __future__ import annotations
@@ -32,9 +42,9 @@ from pathlib import Path
 
 from launch.facts import bundle, pins
 
-USAGE = ("usage: python -m launch.lockfile {pin NAME | check [--exact] LOCK | compare LOCK RESOLVED | "
-         "constraints LOCK [--without NAME]... | entries LOCK NAME... | "
-         "bundle DIR --python-version X.Y --platform TAG [--list] [NAME...] | platforms TAG | "
+USAGE = ("usage: python -m launch.lockfile {pin NAME | check [--exact] [--venv VENV] LOCK | missing VENV LOCK | "
+         "compare LOCK RESOLVED | constraints LOCK [--without NAME]... | entries LOCK NAME... | "
+         "bundle DIR --python-version X.Y --platform TAG [--list] [NAME...] | bundle-check DIR | platforms TAG | "
          "mark VENV LOCK SETUP [BUNDLE_DIR]}")
 
 
@@ -67,12 +77,22 @@ def main(argv: list[str]) -> int:
         print(version)
         return 0
     exact = args[:1] == ["--exact"]
-    if verb == "check" and len(args) == 1 + exact:
-        lock, installed = Path(args[-1]), pins.installed_distributions()
-        problems = pins.lock_problems(pins.read_lock(lock), installed, lock.name)
+    venv = Path(args[1 + exact]) if args[exact:exact + 1] == ["--venv"] and len(args) > 1 + exact else None
+    if verb == "check" and len(args) == 1 + exact + 2 * (venv is not None):
+        lock = Path(args[-1])
+        installed = pins.installed_distributions() if venv is None else pins.installed_in(venv)
+        problems = (pins.lock_problems(pins.read_lock(lock), installed, lock.name) if venv is None
+                    else pins.venv_problems(pins.read_lock(lock), venv, lock.name))
         if exact:
             problems += pins.unlocked_problems(pins.read_lock(lock), installed, lock.name)
         return _report(problems)
+    if verb == "missing" and len(args) == 2:
+        venv, lock = Path(args[0]), Path(args[1])
+        inside, blocks = pins.installed_in(venv), pins.entry_blocks(lock.read_text())
+        for name, want in pins.read_lock(lock).items():
+            if name not in inside or not pins.satisfies(inside[name], want):
+                print(blocks[name], end="")
+        return 0
     if verb == "compare" and len(args) == 2:
         lock = Path(args[0])
         problems = compare_sets(pins.read_lock(lock), pins.read_lock(Path(args[1])), lock.name)
@@ -106,11 +126,31 @@ def main(argv: list[str]) -> int:
               f"{python_version} {platform}; left to the machine's torch build: "
               f"{', '.join(manifest['machine_packages'])}")
         return 0
+    if verb == "bundle-check" and len(args) == 1:
+        folder = Path(args[0])
+        problems, python, platform = bundle.bundle_problems(folder)
+        if problems:
+            print(f"{folder} cannot set this checkout up with {sys.executable} (CPython {bundle.this_python()}): "
+                  f"{'; '.join(problems)}. Nothing was installed. On a machine with network, make the bundle for "
+                  f"this interpreter: `bash ci/setup.sh --bundle {folder} --python-version {python} --platform "
+                  f"{platform}`, then bring {folder} here and run `ci/setup.sh --from {folder}` again with the same "
+                  "PYTHON.", file=sys.stderr)
+            return 1
+        return 0
     if verb == "platforms" and len(args) == 1:
         print("\n".join(bundle.pip_platforms(args[0])))
         return 0
     if verb == "mark" and len(args) in (3, 4):
         venv = Path(args[0])
+        # the lock's packages must be in the venv itself: pip installs nothing for a package it sees installed at
+        # its version beside the venv (the machine's, through the .pth file of a bundle's venv)
+        lock = Path(args[3]) / bundle.BUNDLE_LOCK if len(args) == 4 else Path(args[1])
+        if problems := pins.venv_problems(pins.read_lock(lock), venv, lock.name):
+            print(f"not marking {venv} as set up from {lock}: {len(problems)} of its packages are not installed in "
+                  f"it at their version:", file=sys.stderr)
+            for p in problems:
+                print(f"  {p}", file=sys.stderr)
+            return 1
         marker = pins.write_marker(venv, Path(args[1]), args[2], Path(args[3]) if len(args) == 4 else None)
         own = marker["machine_packages"]
         print(f"{venv / pins.MARKER}: {marker['lock']}" + (f", the machine's own {', '.join(own)}" if own else ""))

@@ -100,7 +100,7 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
     gpu_count, gpu_names = gpu_info() if gpus is None else (len(gpus), list(gpus))
     try:
         host = pinfiles.host_lock(strict) if host is None else host
-    except pinfiles.PinError as e:  # a broken setup marker: named, and the CPU lock's check goes on
+    except pinfiles.PinError as e:  # a broken setup marker (pins.read_marker): named, and the CPU lock's check goes on
         problems_marker = [str(e)]
         host = pinfiles.unmarked_lock(strict)
     else:
@@ -110,7 +110,11 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
     gpu_set = strict or (host.require_all and host.path == pinfiles.IMAGE_LOCK)
     problems = problems_marker + version_problems(
         {name: have for name, have in versions.items() if normalize(name) not in host.machine}, pins, gpu_set)
-    locked = [] if installed is None else lock_problems(strict, installed, skip=versions, host=host)
+    try:
+        locked = [] if installed is None else lock_problems(strict, installed, skip=versions, host=host)
+        machine_line = None if installed is None else machine_build(host, installed)
+    except (pinfiles.PinError, OSError) as e:  # the lock itself unreadable (changed after setup): one problem line
+        locked, machine_line = [f"{host.path.name} cannot be read: {e}"], None
     problems += locked
 
     out(f"{'package':<14} {'installed':<14} {'pinned':<14}")
@@ -120,8 +124,8 @@ def run_doctor(setup=None, versions=None, pins=None, gpus=None, strict=False, ou
         out(f"lock           {host.path.name}: "
             + (f"{len(locked)} difference(s)" if locked else "the installed versions match")
             + f" ({host.source})")
-        if line := machine_build(host, installed):
-            out(f"machine torch  {line}")
+        if machine_line:
+            out(f"machine torch  {machine_line}")
     out(f"torch build    {torch_build()}")
     out(f"GPUs           {gpu_count}" + (f" ({', '.join(sorted(set(gpu_names)))})" if gpu_names else ""))
     # the performance traps (cuDNN shadowed, SDPA backend, driver, flash-attn ABI), the no-compile FlashAttention

@@ -9,13 +9,19 @@ virtualenv exists).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import sys
 from pathlib import Path
 
+from packaging.tags import sys_tags
+from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
+from packaging.version import Version
+
 from launch import REPO_ROOT
-from launch.facts.pins import (BUNDLE_MANIFEST, IMAGE_BUILD_LOCK, IMAGE_LOCK, PinError, entry_blocks, normalize,
-                               parse_requirement, read_lock, sha256)
+from launch.facts.pins import (BUNDLE_MANIFEST, IMAGE_BUILD_LOCK, IMAGE_LOCK, REQUIREMENTS, PinError, entry_blocks,
+                               normalize, parse_hashes, parse_requirement, read_hashes, read_lock, sha256)
 
 BUNDLE_LOCK = "bundle.lock"
 # The packages that follow torch's build (its Triton, its CUDA libraries as wheels): on a machine with its own torch
@@ -131,3 +137,127 @@ def write_bundle(folder: Path, python_version: str, platform: str, only: list[st
     (folder / BUNDLE_LOCK).write_text(header + "".join(entries.values()))
     (folder / BUNDLE_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+# ---- checking a bundle on the machine it is for (ci/setup.sh --from DIR, before it creates anything) ----------------
+
+# The manifest's keys that --from reads
+MANIFEST_KEYS = {"lock_sha256": str, "python_version": str, "platform": str}
+# The most names one problem lists
+SHOWN = 6
+
+
+def source_only() -> set[str]:
+    """The packages published as source only (requirements/uv.toml's `name = "..."` lines): pip builds them from
+    their sdist (ci/setup.sh's --no-binary), every other one installs from a wheel."""
+    text = (REQUIREMENTS / "uv.toml").read_text()
+    return {normalize(name) for name in re.findall(r'(?m)^name = "(.*)"$', text)}
+
+
+def this_python() -> str:
+    return "%d.%d" % sys.version_info[:2]
+
+
+def this_platform(platforms: list[str], wanted: str) -> str:
+    """The platform tag to make a bundle for this interpreter with: the bundle's when this machine installs it,
+    else its newest manylinux tag (its first platform tag without one)."""
+    if wanted in platforms:
+        return wanted
+    return next((tag for tag in platforms if tag.startswith("manylinux_2_")), platforms[0] if platforms else wanted)
+
+
+def _listed(names: list[str]) -> str:
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _files(folder: Path) -> dict[tuple[str, Version], list[tuple[Path, frozenset | None]]]:
+    """{(name, version): [(file, its wheel tags; None for an sdist)]} of the package files in `folder`."""
+    out: dict[tuple[str, Version], list] = {}
+    for path in sorted(folder.iterdir()):
+        try:
+            if path.name.endswith(".whl"):
+                name, version, _, tags = parse_wheel_filename(path.name)
+            elif path.name.endswith((".tar.gz", ".zip")):
+                (name, version), tags = parse_sdist_filename(path.name), None
+            else:
+                continue
+        except (InvalidWheelFilename, InvalidSdistFilename):
+            continue
+        out.setdefault((normalize(name), version), []).append((path, tags))
+    return out
+
+
+def entry_problems(folder: Path, supported: set) -> list[str]:
+    """What keeps `pip install --no-index --find-links DIR --require-hashes -r DIR/bundle.lock` from installing each
+    entry on this interpreter (its tags: `supported`): an entry that is not image.lock's (another version or a hash
+    it does not list), and an entry without a file this interpreter installs whose sha256 bundle.lock lists."""
+    try:
+        wanted = parse_hashes((folder / BUNDLE_LOCK).read_text(), BUNDLE_LOCK)
+        versions = read_lock(folder / BUNDLE_LOCK)
+        image, image_hashes = read_lock(IMAGE_LOCK), read_hashes(IMAGE_LOCK)
+    except (OSError, UnicodeDecodeError, PinError) as e:
+        return [f"{BUNDLE_LOCK} cannot be read ({e})"]
+    foreign = [f"{name}=={versions[name]}" for name in wanted
+               if image.get(name) != versions[name] or not set(wanted[name]) <= set(image_hashes.get(name, []))]
+    if foreign:
+        return [f"{BUNDLE_LOCK} has entries that are not {IMAGE_LOCK.name}'s (another version or hash): "
+                f"{_listed(foreign)}"]
+    files, sdist_only = _files(folder), source_only()
+    absent, unfit, damaged = [], [], []
+    for name, hashes in wanted.items():
+        pin = f"{name}=={versions[name]}"
+        candidates = files.get((name, Version(versions[name])), [])
+        usable = [path for path, tags in candidates
+                  if (tags is None) == (name in sdist_only) and (tags is None or tags & supported)]
+        if not candidates:
+            absent.append(pin)
+        elif not usable:
+            unfit.append(f"{pin} ({', '.join(path.name for path, _ in candidates)})")
+        elif not any(f"sha256:{_file_sha256(path)}" in hashes for path in usable):
+            damaged.append(", ".join(path.name for path in usable))
+    return ([f"no file for {_listed(absent)}"] if absent else []) \
+        + ([f"no file this interpreter installs for {_listed(unfit)}"] if unfit else []) \
+        + ([f"files that do not match {BUNDLE_LOCK}'s sha256 (damaged or replaced): {_listed(damaged)}"]
+           if damaged else [])
+
+
+def bundle_problems(folder: Path) -> tuple[list[str], str, str]:
+    """(problems, python version, platform tag) of the bundle in `folder` for this interpreter and this checkout:
+    its manifest (made from this checkout's image.lock, for this interpreter's Python version and a platform this
+    machine installs), then every entry of its bundle.lock (entry_problems). The version and platform are those to
+    make a bundle for this interpreter with."""
+    folder = Path(folder)
+    tags = list(sys_tags())
+    platforms = list(dict.fromkeys(tag.platform for tag in tags))
+    python = this_python()
+    try:
+        manifest = json.loads((folder / BUNDLE_MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        return [f"{BUNDLE_MANIFEST} cannot be read ({type(e).__name__}: {e})"], python, this_platform(platforms, "")
+    if not isinstance(manifest, dict) or any(not isinstance(manifest.get(k), t) for k, t in MANIFEST_KEYS.items()):
+        return [f"{BUNDLE_MANIFEST} is not a bundle's manifest (it needs {', '.join(MANIFEST_KEYS)})"], python, \
+            this_platform(platforms, "")
+    platform = this_platform(platforms, manifest["platform"])
+    problems = []
+    if manifest["lock_sha256"] != sha256(IMAGE_LOCK):
+        problems.append(f"it was made from another {IMAGE_LOCK.relative_to(REPO_ROOT).as_posix()} than this "
+                        "checkout's")
+    if sys.implementation.name != "cpython":
+        problems.append(f"it is for CPython, this interpreter is {sys.implementation.name}")
+    if manifest["python_version"] != python:
+        problems.append(f"it is for CPython {manifest['python_version']}, this interpreter is CPython {python}")
+    if manifest["platform"] not in platforms:
+        problems.append(f"it is for {manifest['platform']}, which this machine does not install (its newest: "
+                        f"{platform})")
+    if not problems:
+        problems = entry_problems(folder, set(tags))
+    return problems, python, platform

@@ -203,6 +203,42 @@ def installed_distributions() -> dict[str, str]:
     return out
 
 
+def venv_site_packages(venv: Path) -> list[Path]:
+    """The site-packages folders of the virtualenv at `venv` (lib/pythonX.Y/site-packages, lib64's too)."""
+    return sorted({p.resolve() for p in Path(venv).glob("lib*/python*/site-packages") if p.is_dir()})
+
+
+def installed_in(venv: Path) -> dict[str, str]:
+    """{normalized name: version} of what is installed inside the virtualenv at `venv` itself, not what it sees
+    beside its own (a bundle's venv sees the machine's packages through a .pth file: ci/setup.sh --from)."""
+    out: dict[str, str] = {}
+    for dist in importlib.metadata.distributions(path=[str(p) for p in venv_site_packages(venv)]):
+        name = dist.metadata["Name"]
+        if name:
+            out.setdefault(normalize(name), dist.version)
+    return out
+
+
+def venv_problems(lock: dict[str, str], venv: Path, lock_name: str) -> list[str]:
+    """Each package of the lock that is not installed inside the virtualenv at `venv` at its version. One that this
+    interpreter sees at that version elsewhere (the machine's own packages, beside a bundle's venv) is named as
+    such: pip takes it as installed and installs nothing."""
+    inside, seen = installed_in(venv), installed_distributions()
+    problems = []
+    for name, want in sorted(lock.items()):
+        have = inside.get(name)
+        if have is not None and satisfies(have, want):
+            continue
+        if have is not None:
+            problems.append(f"{name} {have} is installed in {venv} but {lock_name} locks {want}")
+        elif name in seen and satisfies(seen[name], want):
+            problems.append(f"{name} {seen[name]} is not installed in {venv}: it is seen from outside it (the "
+                            "machine's own packages)")
+        else:
+            problems.append(f"{name} is not installed in {venv} ({lock_name} locks {want})")
+    return problems
+
+
 def lock_problems(lock: dict[str, str], installed: dict[str, str], lock_name: str, require_all: bool = True,
                   skip: frozenset[str] | set[str] = frozenset()) -> list[str]:
     """Each package of the lock that is installed at another version, or (require_all) not installed."""
@@ -250,19 +286,58 @@ def write_marker(venv: Path, lock: Path, setup: str, bundle: Path | None = None)
     return marker
 
 
+# The marker's keys and their types: what write_marker writes, and all that read_marker accepts.
+MARKER_KEYS = {"lock": str, "lock_sha256": str, "setup": str, "machine_packages": list}
+_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+def marker_problem(marker: object) -> str | None:
+    """What makes a parsed setup marker unusable, None when nothing does: its keys (MARKER_KEYS, no other), their
+    types, `machine_packages` a list of package names, `lock_sha256` a sha256, and `lock` a lock file under
+    requirements/ (relative to the repository, not leaving it) that parses."""
+    if not isinstance(marker, dict):
+        return f"a JSON {type(marker).__name__}, not an object"
+    missing, unknown = sorted(MARKER_KEYS.keys() - marker.keys()), sorted(marker.keys() - MARKER_KEYS.keys())
+    if missing or unknown:
+        return "; ".join(([f"no `{', '.join(missing)}`"] if missing else [])
+                         + ([f"unknown `{', '.join(unknown)}`"] if unknown else []))
+    for key, kind in MARKER_KEYS.items():
+        if not isinstance(marker[key], kind):
+            return f"`{key}` is a {type(marker[key]).__name__}, not a {kind.__name__}"
+    bad = [name for name in marker["machine_packages"] if not (isinstance(name, str) and _NAME.fullmatch(name))]
+    if bad:
+        return f"`machine_packages` holds {bad[0]!r}, not a package name"
+    if not re.fullmatch(r"[0-9a-f]{64}", marker["lock_sha256"]):
+        return "`lock_sha256` is not a sha256"
+    lock = marker["lock"]
+    path = (REPO_ROOT / lock).resolve()
+    if (Path(lock).is_absolute() or not path.is_relative_to(REQUIREMENTS.resolve()) or path.suffix != ".lock"
+            or not path.is_file()):
+        return f"`lock` {lock!r} is not a lock file of this repository's requirements/"
+    try:
+        read_lock(path)
+    except (OSError, UnicodeDecodeError, PinError) as e:
+        return f"its lock does not parse: {e}"
+    return None
+
+
 def read_marker(prefix: Path | None = None) -> dict | None:
-    """The setup marker of the environment at `prefix` (default: this interpreter's, sys.prefix); None without one."""
+    """The setup marker of the environment at `prefix` (default: this interpreter's, sys.prefix); None without one.
+    A marker that is not what write_marker writes (marker_problem) is a PinError naming it, one line."""
     path = Path(sys.prefix if prefix is None else prefix) / MARKER
     if not path.is_file():
         return None
     try:
         marker = json.loads(path.read_text())
-        lock = REPO_ROOT / marker["lock"]
-        machine = [normalize(n) for n in marker.get("machine_packages") or []]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise PinError(f"{path} is not a setup marker ({type(e).__name__}: {e}): set the environment up again "
-                       "(`bash ci/setup.sh --gpu` or `--from DIR`)") from None
-    return {**marker, "path": path, "lock_path": lock, "machine_packages": machine}
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        why = f"{type(e).__name__}: {e}"
+    else:
+        why = marker_problem(marker)
+    if why is not None:
+        raise PinError(f"{path} is not a setup marker ({why}): set the environment up again "
+                       "(`bash ci/setup.sh --gpu` or `--from DIR`)")
+    return {**marker, "path": path, "lock_path": (REPO_ROOT / marker["lock"]).resolve(),
+            "machine_packages": [normalize(n) for n in marker["machine_packages"]]}
 
 
 @dataclass(frozen=True)
