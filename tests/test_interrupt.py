@@ -10,7 +10,9 @@ subprocess tests send SIGINT at named points of the start-up (imports, resolve, 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -156,3 +158,103 @@ def test_a_run_hands_ctrl_c_back_to_python_before_it_claims_its_output_folder(tm
         signal.signal(signal.SIGINT, previous)
     assert seen == [signal.default_int_handler] and rc == interrupt.STATUS
     assert capsys.readouterr().err.strip().endswith(interrupt.LINE)
+
+
+# ---- Ctrl-C while the ranks train: a stop, not a failure ------------------------------------------------------------
+# `python -m launch ddp --smoke --cpu` (about 20 s to its first logged step on 2 cores), stopped by SIGINT once a
+# training step is logged, as a terminal's Ctrl-C reaches the launcher (the job runs in a session of its own, so only
+# the launcher gets it and stops the ranks itself).
+
+
+def _start_smoke_run(out, env: dict | None = None) -> subprocess.Popen:
+    # SIGINT at its default in the child, as a terminal gives it (see test_an_early_ctrl_c_is_one_line)
+    return subprocess.Popen([sys.executable, "-m", "launch", "ddp", "--smoke", "--cpu", "--save-steps", "1",
+                             "--output-dir", str(out)], cwd=REPO, env=test_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _read_until(proc: subprocess.Popen, wanted: str, count: int = 1, timeout: float = 300) -> str:
+    """The launcher's output up to the `count`-th line holding `wanted` (stdout and stderr together)."""
+    import time
+
+    seen, found, deadline = "", 0, time.monotonic() + timeout
+    while found < count and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+        found += wanted in line
+    assert found == count, f"no {wanted!r} (x{count}) in the launcher's output:\n{seen[-3000:]}"
+    return seen
+
+
+def _leftovers(marker: str) -> list[str]:
+    """Processes whose command line still mentions this test's output folder (the launcher's job and ranks)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if marker in cmd and p.pid != os.getpid():
+            found.append(f"{p.pid}: {cmd[:200]}")
+    return found
+
+
+STOP_LINE = re.compile(r"^\[launch\] stopped \(Ctrl-C\) after step (\d+): (.*) \(the full log: (.*)\)$", re.M)
+
+
+def test_ctrl_c_while_training_is_a_stop_with_one_line_and_status_130(tmp_path):
+    """A Ctrl-C while the ranks train: status 130 (the process's and run_summary.json's), which says stopped; one line
+    naming the last complete checkpoint; no traceback of torchrun's (the SIGTERM its group was sent), which stays in
+    the run's log; nothing left running."""
+    out = tmp_path / "out"
+    proc = _start_smoke_run(out)
+    # the second logged step: checkpoint-1 (--save-steps 1, saved before step 2) is complete by then
+    seen = _read_until(proc, "{'loss'", count=2)
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    text = seen + rest
+    assert proc.returncode == interrupt.STATUS, text[-3000:]
+    assert "Traceback" not in text and "SignalException" not in text, rest[-3000:]
+    assert "SIGINT received: stopping all ranks" in rest
+    line = STOP_LINE.search(rest)
+    assert line, rest[-3000:]
+    folder = outdir.RunFolder(out)
+    assert re.fullmatch(rf"last complete checkpoint: {re.escape(str(out))}/checkpoint-(\d+); continue with the same "
+                        r"command plus --resume", line.group(2)), line.group(0)
+    assert line.group(3) == str(folder.log)
+    assert "failure" not in rest and "training stopped by" not in rest  # a stop is not a failure
+    summary = json.loads(folder.summary.read_text())
+    assert summary["exit_status"] == interrupt.STATUS and summary["outcome"] == "stopped"
+    assert summary["stopped_by"] == "SIGINT"
+    assert summary["verdict"] == {"passed": None,
+                                  "reason": f"stopped (Ctrl-C) after step {line.group(1)}: not judged"}
+    assert "SignalException" in folder.log.read_text()  # torchrun's traceback: in the log, not on the console
+    assert _leftovers(str(out)) == []
+    assert not folder.lock(0).exists()
+
+
+def test_a_second_ctrl_c_while_the_ranks_stop_kills_them_and_still_exits_130(tmp_path):
+    """A second Ctrl-C during the bounded shutdown kills the ranks at once (no 30 s wait) and does not end the
+    launcher by the signal; a third, once the job has ended (sent by the test harness when the launcher looks for the
+    last checkpoint, as it writes the summary), is one line: status 130, the summary written, nothing left."""
+    out = tmp_path / "out"
+    harness = {"RECIPES_TEST_SIGINT_AT": "call:launch.run.checkpoints.newest_complete",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(HARNESS), os.environ.get("PYTHONPATH")]))}
+    proc = _start_smoke_run(out, harness)
+    seen = _read_until(proc, "{'loss'")
+    proc.send_signal(signal.SIGINT)
+    seen += _read_until(proc, "stopping all ranks")
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    text = seen + rest
+    assert proc.returncode == interrupt.STATUS, text[-3000:]  # not -2 (ended by the signal)
+    assert "SIGINT received while stopping: killing all ranks now" in rest, rest[-3000:]
+    assert "SIGINT received: the job has already ended; writing its summary" in rest, rest[-3000:]
+    assert STOP_LINE.search(rest), rest[-3000:]
+    assert "Traceback" not in text and "SignalException" not in text and interrupt.LINE not in text, rest[-3000:]
+    summary = json.loads(outdir.RunFolder(out).summary.read_text())
+    assert summary["exit_status"] == interrupt.STATUS and summary["outcome"] == "stopped"
+    assert _leftovers(str(out)) == []
+    assert not outdir.RunFolder(out).lock(0).exists()

@@ -13,6 +13,8 @@ merge is removed), `launch.run.supervise` forwards a Ctrl-C to the ranks, and `l
 An in-process caller (`launch.__main__.main` from a test) never gets the handler: its Ctrl-C stays a
 KeyboardInterrupt. Nor does a launcher whose SIGINT is ignored (started in the background by a shell): it stays
 ignored. What runs before the handler is installed (the interpreter's own start-up, a few milliseconds) is not covered.
+Once the job has ended (`Finishing`), a further Ctrl-C raises nothing either: the run writes its summary, releases its
+output folder and exits with the status it had (130 for a run stopped by a Ctrl-C).
 One write happens before the hand-over: the smoke profile's first build of its tiny model and data
 (`launch.config.smoke`,
 once per machine) writes into a temporary folder of the cache that is renamed when complete; a Ctrl-C during that
@@ -24,6 +26,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 
 LINE = "[launch] interrupted (Ctrl-C)"
 STATUS = 130  # 128 + SIGINT, what a shell reports for a process a Ctrl-C ended
@@ -53,3 +56,43 @@ def writing() -> None:
     so that its cleanup runs. Does nothing where `exit_at_once` installed nothing (in-process callers)."""
     if signal.getsignal(signal.SIGINT) is _exit_now:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _program() -> bool:
+    """Whether this process is the program `python -m launch` (or `python path/to/launch`), not a caller that
+    imported the launcher (a test, benchmarks/gpu/check.py's in-process use)."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    return bool(main) and Path(main).resolve() == Path(__file__).resolve().parents[1] / "__main__.py"
+
+
+class Finishing:
+    """After the job has ended, until the run has written its summary and released its output folder: a Ctrl-C or
+    SIGTERM is noted in one line and raises nothing, so that it can neither lose the summary nor (in the program, once
+    `main` has returned) end the launcher by the signal. `launch.run.supervise.run` hands its handlers over with no
+    moment between (`start`); the runner calls `end` once the output folder is released. In the program the noting
+    handler then stays: all that is left is to exit with the run's status. An in-process caller gets its own handlers
+    back. A signal noted here changes no status: the job had ended (stopped, failed or finished) before it came."""
+
+    def __init__(self) -> None:
+        self.received: list[str] = []
+        self.previous: dict = {}
+
+    def start(self, previous: dict) -> None:
+        self.previous = dict(previous)
+        for s in previous:
+            signal.signal(s, self._note)
+
+    def _note(self, signum, _frame) -> None:
+        name = signal.Signals(signum).name
+        if not self.received:
+            try:
+                sys.stderr.write(f"\n[launch] {name} received: the job has already ended; writing its summary\n")
+            except RuntimeError:  # the signal came in the middle of a write to stderr (a reentrant call)
+                pass
+        self.received.append(name)
+
+    def end(self) -> None:
+        if self.previous and not _program():
+            for s, handler in self.previous.items():
+                signal.signal(s, handler)
+        self.previous = {}

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import socket
 import time
 from pathlib import Path
@@ -260,14 +261,37 @@ def launch(options, dry_run: bool = False) -> int:
         wait_for_rendezvous(options.main_process_ip, options.main_process_port or 29500, options.rendezvous_timeout)
     interrupt.writing()  # everything above only read; from here a Ctrl-C raises, so that the lock is released last
     outdir.claim(claim, command=" ".join(cmd), run=checkpoints.identity(setup))
+    finishing = interrupt.Finishing()  # from the job's end: a Ctrl-C no longer interrupts the summary or the release
     try:
         setup.folder.check_writable()
-        return _run(setup, cmd, facts, sentinel_env, found)
+        return _run(setup, cmd, facts, sentinel_env, found, finishing)
     finally:
         outdir.release(claim)
+        finishing.end()
 
 
-def _run(setup, cmd, facts, sentinel_env: dict, found=None) -> int:
+def steps_done(monitor_dir: Path) -> int | None:
+    """The last optimizer step every rank of this machine has finished, from their heartbeats (None: no heartbeat)."""
+    beats = monitor.read_heartbeats(monitor_dir)
+    if not beats:
+        return None
+    return min(b["step"] - (1 if b["event"] == "step_begin" else 0) for b in beats.values())
+
+
+def stopped_where(stopped_by: str, steps: int | None) -> str:
+    """A run the user stopped (Ctrl-C or SIGTERM), and where: "stopped (Ctrl-C) after step 5"."""
+    how = "Ctrl-C" if stopped_by == "SIGINT" else stopped_by
+    return f"stopped ({how}) " + (f"after step {steps}" if steps else "before its first step")
+
+
+def stop_line(stopped_by: str, steps: int | None, last: Path | None, log_path: Path) -> str:
+    """The one line of a run the user stopped: where it stopped, and what to resume from."""
+    keep = (f"last complete checkpoint: {last}; continue with the same command plus --resume" if last is not None
+            else "no complete checkpoint to resume from")
+    return f"{stopped_where(stopped_by, steps)}: {keep} (the full log: {log_path})"
+
+
+def _run(setup, cmd, facts, sentinel_env: dict, found=None, finishing=None) -> int:
     folder = setup.folder
     log_path = folder.log
     log_start = log_path.stat().st_size if log_path.exists() else 0
@@ -279,7 +303,8 @@ def _run(setup, cmd, facts, sentinel_env: dict, found=None) -> int:
     watchdog = supervise.Watchdog(monitor_dir, list(range(first, first + per_machine)), floor)
     merged_before = folder.merged.is_dir()  # by `launch merge` from an earlier final/ (a resumed run rewrites final/)
     started = time.time()
-    rc, stopped_by = supervise.run(cmd, log_path, env=child_env(setup, monitor_dir, sentinel_env), watchdog=watchdog)
+    rc, stopped_by = supervise.run(cmd, log_path, env=child_env(setup, monitor_dir, sentinel_env), watchdog=watchdog,
+                                   finishing=finishing)
     wall = time.time() - started
 
     state = folder.trainer_state
@@ -288,7 +313,15 @@ def _run(setup, cmd, facts, sentinel_env: dict, found=None) -> int:
     observed = step_metrics(history)
     verdict = None
     status = rc
-    if rc != 0 or stopped_by:
+    stopped = supervise.user_stop(stopped_by)
+    if stopped:
+        # a stop the user asked for is no failure: one line (torchrun's traceback of the SIGTERM its group was sent
+        # stays in the log), and the status a shell gives a process that signal ended (130 for Ctrl-C)
+        steps = steps_done(monitor_dir)
+        say(stop_line(stopped_by, steps, checkpoints.newest_complete(setup.output_dir), log_path))
+        status = 128 + signal.Signals[stopped_by]
+        verdict = {"passed": None, "reason": f"{stopped_where(stopped_by, steps)}: not judged"}
+    elif rc != 0 or stopped_by:
         why = stopped_by.split(": ", 1)[0] if stopped_by else None
         say(f"training {'stopped by ' + why if why else f'exited with status {rc}'}; the full log is {log_path}")
         if stopped_by and stopped_by.startswith("hang: "):
@@ -298,7 +331,7 @@ def _run(setup, cmd, facts, sentinel_env: dict, found=None) -> int:
         last = checkpoints.newest_complete(setup.output_dir)
         if last is not None:
             say(f"last complete checkpoint: {last}; continue with the same command plus --resume")
-        status = 130 if stopped_by == "SIGINT" else (rc or 1)
+        status = rc or 1
     elif setup.options.record:
         if not observed["loss"]:
             raise LaunchError(f"The run logged no per-step loss in {state}.")
@@ -321,7 +354,11 @@ def _run(setup, cmd, facts, sentinel_env: dict, found=None) -> int:
         "effective_batch": setup.layout.effective_batch,
         "wall_time_s": round(wall, 2),
         **run_totals(history),
-        "exit_status": rc,
+        # the launcher's own exit status (130: stopped by Ctrl-C; 1: a judged miss or a failure), and the job's
+        "exit_status": status,
+        "job_exit_status": rc,
+        # stopped (by the user: Ctrl-C, SIGTERM), hang, failed, or finished (then judged or not: `verdict`)
+        "outcome": "stopped" if stopped else "hang" if stopped_by else "failed" if rc != 0 else "finished",
         "stopped_by": stopped_by,
         "observed": observed,
         "verdict": verdict,
@@ -330,7 +367,7 @@ def _run(setup, cmd, facts, sentinel_env: dict, found=None) -> int:
         # --fastest: the speed settings chosen for this machine, what they set, the candidates (None without it)
         "fastest": None if found is None else {**found.as_json(), "applied": setup.invocation.get("fastest")},
     }
-    summary["bench"] = bench_report(setup, facts, folder.bench)
+    summary["bench"] = bench_report(setup, facts, folder.bench, quiet=stopped)
     # the job's tokens/s after warm-up, all processes together: the figure the bench's console line prints
     summary["tokens_per_second"] = summary["bench"]["overall"]["tokens_per_s"] if summary["bench"] else None
     if line := tracking.dashboard_line(setup):
@@ -352,10 +389,10 @@ def _written_since(folder: Path, since: float) -> bool:
     return folder.is_dir() and any(p.stat().st_mtime >= since for p in folder.rglob("*") if p.is_file())
 
 
-def bench_report(setup, facts, folder: Path) -> dict | None:
+def bench_report(setup, facts, folder: Path, quiet: bool = False) -> dict | None:
     """Every run: the ranks' measurements combined (tokens/s per GPU, MFU in both conventions, each rank's peak
     memory), each memory figure beside the planner's prediction for the same run. The per-step table is printed
-    with --bench."""
+    with --bench. `quiet`: no line when there are none (a stopped run, whose ranks write them at the end)."""
     plan = facts.memory
     flops = predicted = None
     if plan is not None:
@@ -368,7 +405,8 @@ def bench_report(setup, facts, folder: Path) -> dict | None:
     report = throughput.report(folder, plan.arch if plan else None, setup.layout.max_length,
                                plan.estimate if plan else None, flops, predicted)
     if report is None:
-        say("bench: no rank wrote measurements")
+        if not quiet:
+            say("bench: no rank wrote measurements")
         return None
     print(throughput.format_report(report, per_step=setup.options.bench), flush=True)
     return report
