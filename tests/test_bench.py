@@ -73,7 +73,7 @@ def test_the_two_conventions_differ_as_published():
     ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
     ("NVIDIA H200", 989e12), ("NVIDIA GH200 480GB", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12),
     ("NVIDIA A10G", 70e12), ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12),
-    ("NVIDIA GeForce RTX 4090", None), ("cpu", None),
+    ("NVIDIA GeForce RTX 4090", 165.2e12), ("cpu", None),
 ])
 def test_gpu_peak_table(name, peak):
     assert gpus.peak_bf16(name) == peak

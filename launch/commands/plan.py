@@ -24,12 +24,14 @@ from launch.commands import command
 from launch.config.layout import processes_problem
 from launch.errors import LaunchError
 from launch.facts.hub import model_problem
-from launch.memory.plan import GPU_MEMORY_GIB, Target, describe, plan_memory, trace_plan
+from launch.facts import gpus
+from launch.memory.plan import DEFAULT_GPU, GPU_MEMORY_GIB, Target, describe, plan_memory, trace_plan
 from launch.config.options import Options, Parser, add_options, split_extra, values_from
 from launch.run.resolve import resolve
 
 # the run's own options that a plan takes too (launch.config.options declares them)
 RUN_OPTIONS = ("recipe", "model", "mesh")
+GPU_NAMES = tuple(gpu.name for gpu in gpus.GPUS)
 # The run's rules a plan does not check: where and how the processes start (the rendezvous of a multi-node launch),
 # which a plan, made for a target machine, does not know. Every other rule about the run (not `machine=True`) is
 # checked before planning: a plan of a run the preflight refuses would answer for a run that cannot start.
@@ -47,8 +49,13 @@ def parser() -> argparse.ArgumentParser:
     add_options(p, ("recipe",))
     p.add_argument("--gpus", type=int, help="GPUs per node (default: the recipe's process count / --nodes)")
     p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--gpu-memory", type=float, default=GPU_MEMORY_GIB, metavar="GIB",
-                   help=f"memory per GPU in GiB as torch reports it (default {GPU_MEMORY_GIB}: an 80 GB H100/A100)")
+    p.add_argument("--gpu", metavar="NAME",
+                   help=f"the target GPU model, a row of launch/facts/gpus.py (case-insensitive: "
+                        f"{', '.join(GPU_NAMES)}): its memory and its peak and rates for the throughput model "
+                        f"(default {DEFAULT_GPU.name})")
+    p.add_argument("--gpu-memory", type=float, metavar="GIB",
+                   help=f"memory per GPU in GiB as torch reports it (default: the --gpu's; {GPU_MEMORY_GIB} for an "
+                        f"{DEFAULT_GPU.name})")
     p.add_argument("--host-memory", type=float, metavar="GIB", help="host memory per node in GiB (default: unknown)")
     p.add_argument("--max-length", metavar="L|auto", help="plan this global sequence length, or find the longest")
     add_options(p, ("model", "mesh", "fastest"))  # a plan reads only the model's config.json
@@ -73,6 +80,12 @@ def main(argv: list[str]) -> int:
         if length < 1:  # the run refuses it too (rules.numbers_positive); 0 used to be planned at the config's length
             raise LaunchError(f"--max-length {ns.max_length}: give a positive number of tokens, or `auto`.")
         extra = [*extra, "--max_length", str(length)]
+    try:  # refused before planning: a misspelt GPU would otherwise plan an H100
+        gpu = gpus.lookup(ns.gpu) if ns.gpu else DEFAULT_GPU
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    if ns.gpu_memory is None:  # --gpu-memory overrides the GPU's own
+        ns.gpu_memory = gpu.memory_gib
     memories = [ns.gpu_memory] + ([ns.host_memory] if ns.host_memory is not None else [])
     # `not 0 < m < inf` also refuses NaN, which every comparison would let through
     if (ns.gpus is not None and ns.gpus < 1) or ns.nodes < 1 or any(not 0 < m < math.inf for m in memories):
@@ -90,7 +103,7 @@ def main(argv: list[str]) -> int:
     if problems := rules.check(setup, rules.Facts(), only=planned_rule).problems:
         raise LaunchError("A run of this plan would be refused before it starts, so nothing is planned:\n\n"
                           + "\n\n".join(problems))
-    target = Target(ns.gpus or setup.layout.processes_per_machine, ns.nodes, ns.gpu_memory, ns.host_memory)
+    target = Target(ns.gpus or setup.layout.processes_per_machine, ns.nodes, ns.gpu_memory, ns.host_memory, gpu)
     # what the run's preflight refuses in the model's config (a plan reads no weights: as a synthetic run)
     if problem := model_problem(setup.training.get("model_name_or_path"), synthetic=True):
         raise LaunchError(problem)

@@ -93,6 +93,14 @@ MEMORY_BOUND_BYTES_PER_S = 2.46e12
 KERNEL_ISSUE_S = 54.5e-6
 ATTENTION_FRACTION_OF_PEAK = 0.46
 
+# The rates above as measured, by the GPU they were measured on (a row of `launch.facts.gpus.GPUS`): a GPU with its
+# own entry uses its own; another carries the calibration GPU's by the rule of `launch.speed.model.rates_for`. A new
+# GPU's measured rows (MEASURED_ROWS, each naming its GPU) re-fitted by `throughput_model.fit` are one entry more.
+MEASURED_RATES = {
+    gpus.CALIBRATION_GPU: {"matmul": MATMUL_FRACTION_OF_PEAK, "attention": ATTENTION_FRACTION_OF_PEAK,
+                           "bandwidth": MEMORY_BOUND_BYTES_PER_S, "issue_s": KERNEL_ISSUE_S},
+}
+
 # The host link of an H100 SXM: PCIe Gen5 x16, 64 GB/s per direction (NVIDIA H100 data sheet,
 # https://www.nvidia.com/en-us/data-center/h100/). NOT measured here: the time of offloaded checkpoints and states
 # crossing it is a lower bound.
@@ -128,6 +136,7 @@ class MeasuredRow:
     num_processes: int = 1
     long_context: bool = False  # the row the attention fraction is fitted to
     peak_flops: float | None = None  # the GPU's dense BF16 peak; None: the calibration GPU's (launch.facts.gpus)
+    gpu: str = gpus.CALIBRATION_GPU  # the GPU it was measured on: a row of launch.facts.gpus.GPUS
     # peak memory of the row, GiB: torch's max allocated and max reserved, and the driver's device memory in use
     memory_gib: tuple[float, float, float] | None = None
     note: str = ""

@@ -15,12 +15,14 @@ import os
 from dataclasses import dataclass, replace
 
 from launch import memory
-from launch.facts import hub, meta_model
+from launch.facts import gpus, hub, meta_model
 from launch.errors import LaunchError
 from launch.config.layout import Layout
 
-# What an "80 GB" H100 or A100 reports (torch.cuda.get_device_properties(0).total_memory, in GiB): the default target.
-GPU_MEMORY_GIB = memory.H100_80GB_GIB
+# The default target's GPU: the calibration GPU, an H100 SXM 80GB (launch.facts.gpus), and what it reports
+# (torch.cuda.get_device_properties(0).total_memory, in GiB).
+DEFAULT_GPU = gpus.CALIBRATION
+GPU_MEMORY_GIB = DEFAULT_GPU.memory_gib
 # The launcher's spare: the share of each GPU's memory a plan should leave unused, the planner's error as measured
 # (launch/facts/calibration.py, one H100: the peak allocated 0-4.3% above the plan, the device memory in use from 1.0%
 # below to 3.4% above it). The preflight refuses a run only above the GPU's capacity (the user's own settings; --force)
@@ -34,6 +36,7 @@ class Target:
     nodes: int = 1
     gpu_memory_gib: float = GPU_MEMORY_GIB
     host_memory_gib: float | None = None  # per node; None: host checks are reported, not judged
+    gpu: gpus.GPU | None = None  # the GPU model (launch.facts.gpus): its peak and rates for the throughput model
 
     @property
     def gpus(self) -> int:
@@ -149,6 +152,7 @@ class MemoryPlan:
                           "bytes_per_trainable_param": self.run.precision.bytes_per_param},
             "advice": est.advice(self.target.gpu_memory_gib, self.target.host_memory_gib),
             "notes": est.notes,
+            **({"gpu": self.target.gpu.as_json()} if self.target.gpu is not None else {}),
         }
 
 
@@ -173,6 +177,8 @@ def describe(plan: MemoryPlan) -> str:
     t = plan.target
     lines = [f"Target: {t.nodes} node(s) x {t.gpus_per_node} GPU(s) of {t.gpu_memory_gib:g} GiB, host memory "
              + (f"{t.host_memory_gib:g} GiB per node" if t.host_memory_gib is not None else "unknown (not judged)")]
+    if t.gpu is not None:
+        lines.append(f"GPU: {t.gpu.describe()}")
     if plan.longest is not None:
         lines.append(f"Longest global max_length that fits: {plan.longest:,} tokens (a multiple of {plan.multiple}); "
                      "the table is for that length.")

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, make_dataclass, replace
 from typing import Callable
 
 from launch import memory
-from launch.facts import pins
+from launch.facts import calibration, pins
 from launch.speed import model as throughput_model
 from launch.facts.machine import installed_versions
 from launch.memory.terms import kernel_length_limits
@@ -309,7 +309,8 @@ def search(setup, plan: MemoryPlan, *, liger_installed: bool, peak_flops: float 
             excluded = (f"Liger's kernels index tokens x hidden with int32 (Liger-Kernel #803): at most "
                         f"{min(limits):,} tokens here")
         candidates.append(Candidate(Settings(*(x for v in value for x in v)), plan.with_run(shaped),
-                                    throughput_model.predict(plan.arch, shaped, peak_flops), excluded))
+                                    throughput_model.predict(plan.arch, shaped, peak_flops, gpu=plan.target.gpu),
+                                    excluded))
     ties = sorted(AXES, key=lambda axis: axis.tie)
     candidates.sort(key=lambda c: (round(c.cost.step_s, 6),
                                    *(x for axis in ties for x in axis.prefer(_value(c.settings, axis)))))
@@ -338,7 +339,9 @@ def describe(found: Search) -> str:
     """The ranked table `plan --fastest` prints, the choice and why each faster candidate does not fit."""
     target = found.candidates[0].plan.target if found.candidates else None
     cpu = bool(found.candidates) and found.candidates[0].plan.run.device == "cpu"
-    lines = ["Candidates (fastest first; predicted on one GPU by the throughput model, launch/speed/model.py"
+    gpu = target.gpu if target else None
+    lines = [f"Candidates (fastest first; predicted on one {gpu.name if gpu else 'GPU'} by the throughput model, "
+             "launch/speed/model.py"
              + ("; a CPU run is ranked as if on that GPU" if cpu else "")
              + f"; memory by the planner against {target.gpu_memory_gib:g} GiB per "
              + ("process" if cpu else "GPU") + f", fitting with the launcher's {SPARE:.0%} spare: at most "
@@ -375,5 +378,8 @@ def describe(found: Search) -> str:
     lines.append("MFU: 6N + 12 L H d S FLOPs per token (non-causal, recomputation not counted); causal: the attention "
                  "term halved; HFU: the MFU's FLOPs plus checkpointing's recomputed forward. Predicted, not measured: "
                  "calibrated on one H100 and TRL's published 1M-token run (launch/facts/calibration.py); communication "
-                 "between GPUs is not modelled.")
+                 "between GPUs is not modelled."
+                 + (f" The {gpu.name}'s rates are the H100's carried by a stated rule (launch/speed/model.py rates_for:"
+                    " fractions of the peak and issue time kept, bandwidth scaled by its memory bandwidth), not "
+                    "measured on it." if gpu and gpu.name not in calibration.MEASURED_RATES else ""))
     return "\n".join(lines)

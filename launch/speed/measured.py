@@ -128,7 +128,7 @@ def summarize(folder: Path, arch=None, seq_len: int | None = None, flops: dict |
     elif device == "cpu":
         note = "a CPU run has no GPU peak to compare with"
     else:
-        note = f"{device} is not in the table of known GPU peaks (launch/facts/gpus.py PEAK_BF16)"
+        note = f"{device} is not in the table of known GPU peaks (launch/facts/gpus.py GPUS)"
     overall = {
         "measured_steps": measured_steps,
         "warmup_steps": warmup,

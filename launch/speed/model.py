@@ -20,8 +20,9 @@ costs to issue (a roofline with a floor):
 
 Not modelled, and said where it matters: communication between GPUs (NCCL all-reduce, all-gather, reduce-scatter,
 all-to-all; assumed overlapped with compute), an optimizer stepped on the host (DeepSpeed's CPU Adam), dataloading.
-The peak is the target GPU's dense BF16 peak (`launch.facts.gpus`); the rates were measured on its calibration GPU, an
-H100 SXM, so another GPU's prediction scales its peak, not its bandwidth or issue time.
+The peak is the target GPU's dense BF16 peak (`launch.facts.gpus`); the rates were measured on the calibration GPU, an
+H100 SXM, and carry to another GPU by the rule of `rates_for` (the fractions and the issue time kept, the bandwidth
+scaled by the GPU's memory bandwidth, the host link the GPU's), until that GPU has measured rates of its own.
 
 Reports (`flops_by_convention`) give each convention beside the others: the model FLOPs of the MFU (6N + 12 L H d S,
 non-causal, recomputation not counted: `launch.speed.measured`), the hardware FLOPs of the HFU (the model FLOPs plus
@@ -371,12 +372,37 @@ def step_seconds(groups: list[tuple[Kernels, int]], host_bytes: float, peak: flo
             "host link": host_bytes / rates.host_link}
 
 
-def predict(arch: Architecture, run: RunShape, peak_flops: float | None = None, rates: Rates | None = None) \
-        -> StepCost:
-    """The predicted step of `run` on one GPU whose dense BF16 peak is `peak_flops` (default: the calibration GPU's,
-    `launch.facts.gpus`), at the calibrated rates (or `rates`)."""
-    peak = peak_flops or gpus.CALIBRATION_PEAK
-    seconds = step_seconds(step_kernels(arch, run), host_link_bytes(arch, run), peak, rates or Rates())
+def rates_for(gpu: gpus.GPU | None) -> Rates:
+    """The rates a prediction for `gpu` uses (None: the calibration GPU). Measured on it
+    (`calibration.MEASURED_RATES`): its own. Otherwise the calibration GPU's, carried by this rule, the one place it
+    is written:
+    - matmul and attention fractions of the peak: kept. They say how close the tensor-core kernels (cuBLAS GEMMs,
+      cuDNN / flash attention) come to the data sheet's dense peak, which on NVIDIA's data-center parts of the last
+      generations sits in one band (large bf16 GEMMs at 70-80% of the peak); the peak itself is the GPU's.
+    - memory-bound bandwidth: the calibration GPU's fitted bandwidth x the GPU's memory bandwidth / the calibration
+      GPU's (2.46 of 3.35 TB/s on the H100: 73% of the data sheet, kept as that fraction). The memory-bound kernels
+      (norms, RoPE, SwiGLU, casts, the optimizer) stream HBM or GDDR at a share of its peak.
+    - issue time per kernel: kept. It is eager PyTorch's host-side dispatch and autograd work per op, a CPU cost that
+      does not depend on the GPU (a faster GPU waits for it more often).
+    - host link (offloaded checkpoints and states): the GPU's own PCIe generation, per direction.
+    Not carried: anything measured on the calibration GPU about another GPU's clocks or power limit."""
+    gpu = gpu or gpus.CALIBRATION
+    measured = calibration.MEASURED_RATES.get(gpu.name)
+    if measured is not None:
+        return Rates(**measured, host_link=gpu.host_link_bytes_per_s)
+    base = Rates(**calibration.MEASURED_RATES[gpus.CALIBRATION_GPU])
+    return replace(base, bandwidth=base.bandwidth * gpu.memory_bytes_per_s / gpus.CALIBRATION.memory_bytes_per_s,
+                   host_link=gpu.host_link_bytes_per_s)
+
+
+def predict(arch: Architecture, run: RunShape, peak_flops: float | None = None, rates: Rates | None = None,
+            gpu: gpus.GPU | None = None) -> StepCost:
+    """The predicted step of `run` on one GPU: `gpu` (a row of `launch.facts.gpus`, at its peak and `rates_for` it),
+    or one whose dense BF16 peak is `peak_flops` (default: the calibration GPU's) at the calibrated rates; `rates`
+    replaces the rates."""
+    peak = peak_flops or (gpu.peak_bf16 if gpu else gpus.CALIBRATION_PEAK)
+    rates = rates or (rates_for(gpu) if gpu else Rates())
+    seconds = step_seconds(step_kernels(arch, run), host_link_bytes(arch, run), peak, rates)
     return StepCost(sum(seconds.values()), run.layout.tokens_per_rank * run.layout.gradient_accumulation_steps,
                     seconds, flops_by_convention(arch, run), peak)
 
