@@ -4,7 +4,8 @@
 - blocks between `<!-- generated: NAME -->` and `<!-- end generated -->` in each recipe's README (GENERATORS:
   `rules-cp` / `rules-sp`, the rules a CP / SP configuration must keep, from `launch.checks.rules`; `fits-on`, the
   planner's line for the recipe's own hardware) and in the repository's pages, README.md and docs/*.md (PAGE_GENERATORS:
-  `recipe-table` from the recipe folders, `floors` from launch/'s imports, `timings` from docs/timings.json).
+  `recipe-table` from the recipe folders, `floors` from launch/'s imports, `timings` from docs/timings.json,
+  `gpu-table` from launch/facts/gpus.py).
 
 `python -m launch sync-scripts` rewrites them; `check()` (run by tests/test_recipe_layout.py in CI) names every copy
 or block that differs from what the code generates.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from launch import REPO_ROOT, memory
 from launch.catalog import floors
-from launch.facts import hub
+from launch.facts import gpus, hub
 from launch.recipe import copies
 from launch.catalog.table import recipe_rows
 from launch.memory.plan import default_target, plan_memory
@@ -189,8 +190,21 @@ def trace_table(body: str | None) -> str:
     return "\n".join(rows) + "\n"
 
 
+def gpu_table(body=None) -> str:
+    """docs/planning.md's table of the GPU models `plan --gpu` takes (`launch.facts.gpus.GPUS`)."""
+    lines = ["Generated from `launch/facts/gpus.py` (`GPUS`; each row's data sheet is its source).", "",
+             "| `--gpu` | memory | GiB as torch reports it | dense BF16 peak (TFLOP/s) | memory bandwidth (TB/s) "
+             "| between GPUs (GB/s per GPU) | source |",
+             "|---|---|---|---|---|---|---|"]
+    for g in gpus.GPUS:
+        lines.append(f"| `{g.name}` | {g.memory_gb:g} GB {g.memory} | {g.memory_gib:g} | {g.peak_bf16 / 1e12:,.1f} "
+                     f"| {g.memory_bytes_per_s / 1e12:.3g} | {g.link} {g.link_bytes_per_s / 1e9:,.0f} | {g.source} |")
+    return "\n".join(lines) + "\n"
+
+
 # name -> function(the block as it stands when checking, None when syncing) -> the block's text
 PAGE_GENERATORS = {
+    "gpu-table": gpu_table,
     "recipe-table": recipe_table,
     "floors": lambda body: floors.floor_table(),
     "timings": timings,
