@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from launch.facts.gpus import H100_80GB_TORCH_GIB
+
 GIB = 2**30
 F32 = 4  # bytes of an fp32 element
 
@@ -36,9 +38,9 @@ CPU_TRAINER_RUNTIME_GIB = 0.1
 # nothing to the RSS (a 2 GB `torch.empty` is virtual until written).
 CPU_DEEPSPEED_ENGINE_GIB = 0.15
 
-# Usable capacity of the GPUs the calibration ran on, as PyTorch reports it ("GPU 0 has a total capacity of 79.1x GiB"
-# in an out-of-memory message on an H100 80GB HBM3). Callers pass their own budget; this is a convenience.
-H100_80GB_GIB = 79.1
+# Usable capacity of the GPU the calibration ran on, as PyTorch reports it (its owner: launch.facts.gpus, the table
+# of GPU models). Callers pass their own budget; this is a convenience.
+H100_80GB_GIB = H100_80GB_TORCH_GIB
 
 # TRL 1.16 `trl/kernels/chunked_logprob.py` and `trl/trainer/utils.py`: the fused LM head's tile shape
 TRL_TOKEN_CHUNK = 4096  # TOKEN_CHUNK_SIZE
