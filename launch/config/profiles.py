@@ -101,7 +101,10 @@ def smoke_checkpointing(config: dict, accelerate: dict | None = None) -> tuple[d
     """(training overrides, Accelerate launch overrides) that keep a smoke run checkpointing every layer, as every
     recipe's smoke metrics were recorded, where its GPU default turns checkpointing off (the speed settings `plan
     --fastest` chose for the recipe's GPUs), by whoever checkpoints in that recipe (`Checkpointing.by`, launch.config.
-    training_args: FSDP's own for fsdp2, as it recorded them). Nothing where the recipe checkpoints already."""
+    training_args: FSDP's own for fsdp2, as it recorded them; transformers' where `config` trains an adapter, which
+    FSDP's would save empty). Nothing where the recipe checkpoints already. `config` is the recipe's config.yaml: an
+    adapter turned on after `--` is not seen here, and its refusal (rules.adapter_with_fsdp_activation_checkpointing)
+    says so."""
     ckpt = checkpointing(config, accelerate)
     if ckpt.on:
         return {}, {}
@@ -167,3 +170,45 @@ def as_argv(values: dict) -> list[str]:
             argv += [f"--{key}", json.dumps(value) if isinstance(value, dict) else
                      ("true" if value else "false") if isinstance(value, bool) else str(value)]
     return argv
+
+
+# Reading training argv back (the arguments after `--`, a recorded invocation's), as TRL's parser reads them.
+def argument_pairs(argv: list[str]) -> list[tuple[str, list[str]]]:
+    """Training arguments as (key, the tokens that give it), in order: `--key value ...`, `--key=value` and a bare
+    `--flag` (its tokens include the key itself)."""
+    pairs: list[tuple[str, list[str]]] = []
+    for token in argv:
+        if token.startswith("--") and len(token) > 2:
+            pairs.append((token[2:].split("=", 1)[0], [token]))
+        elif pairs:
+            pairs[-1][1].append(token)
+    return pairs
+
+
+def argument_values(tokens: list[str]) -> list[str]:
+    """The values of one argument's tokens (`argument_pairs`): `--key=v` gives [v], `--key a b` gives [a, b]."""
+    first, rest = tokens[0], tokens[1:]
+    return ([first.split("=", 1)[1]] if "=" in first else []) + rest
+
+
+def flag_on(tokens: list[str]) -> bool:
+    """Whether a boolean argument's tokens turn it on, as TRL's parser reads them: a bare `--flag` is true."""
+    values = argument_values(tokens)
+    return is_on(values[-1]) if values else True
+
+
+def shown(value) -> str:
+    """A value as training argv writes it (`as_argv`: booleans as true/false)."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def same_values(given: list[str], recorded: list) -> bool:
+    """Whether argument values are the same (numbers compared as numbers, switches as switches): `4` and `4.0`,
+    `true` and True."""
+    def norm(value):
+        text = shown(value).strip().lower()
+        try:
+            return float(text)
+        except ValueError:
+            return is_on(text) if text in ("true", "false", "yes", "no", "on", "off", "t", "f", "y", "n") else text
+    return [norm(v) for v in given] == [norm(v) for v in recorded]
