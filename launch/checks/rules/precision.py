@@ -63,24 +63,56 @@ def pure_16bit_update_rounds_away(setup, facts: Facts):
     half = half_step(dtype, magnitude)
     if lr >= half:
         return None
-    where = f"`dtype: {precision.load_dtype}`" + (f" ({setup.explicit['dtype'][1]})" if "dtype" in setup.explicit
-                                                   else "")
+    return _rounds_away_message(setup, precision, lr, what, half)
+
+
+def _rounds_away_message(setup, precision, lr: float, what: str, half: float) -> str:
+    """The refusal of `pure_16bit_update_rounds_away`: what is lost at this learning rate (only what is), the dtype as
+    the user gave it, and the fix for this run's 16-bit type and mixed precision."""
+    dtype = precision.trainable_dtype
+    # as the user wrote it (`auto` stays `auto`): model_init_kwargs' dtype over ModelConfig's, as train.py merges them
+    given = (setup.training.get("model_init_kwargs") or {}).get("dtype") or setup.training.get("dtype") \
+        or setup.precision.load_dtype
+    where = f"`dtype: {given}`" + (f" ({setup.explicit['dtype'][1]})" if "dtype" in setup.explicit else "")
+    if str(given).strip().lower() == "auto":
+        where += f", which loads the checkpoint's own {precision.load_dtype} (its config.json),"
     trained = "adapter" if precision.adapter else "model"
-    also = "" if precision.adapter else (
-        f", and most updates of weights of typical size {LINEAR_WEIGHT} (half a step there is "
-        f"{half_step(dtype, LINEAR_WEIGHT):.2g})")
+    autocast = "mixed precision is off" if precision.mixed == "no" else \
+        f"`{precision.mixed}` mixed precision only autocasts"
+    also = ""
+    if not precision.adapter:
+        linear = half_step(dtype, LINEAR_WEIGHT)
+        also = (f", and most updates of weights of typical size {LINEAR_WEIGHT} (half a step there is {linear:.2g})"
+                if lr < linear else
+                f"; the updates of weights of typical size {LINEAR_WEIGHT} (half a step there is {linear:.2g}) are "
+                "kept at this rate, but the weights near 1.0 stop training")
+    if precision.mixed == "no":
+        then, autocast_too = ("the run then computes in fp32 and Adam updates fp32 weights",
+                              "; `-- --bf16 true` adds bf16 autocast over them")
+    else:
+        then, autocast_too = (f"the Trainer's `{precision.mixed}: true` then computes in {precision.compute_dtype} "
+                              "under autocast and Adam updates fp32 masters", "")
     fix = ("Train the adapter in fp32: PEFT does unless the base is quantized; TRL 1.16 casts a quantized model's "
            "adapter to bf16, which FSDP1 with mixed precision upcasts again (qlora-fsdp), or use a larger "
            "learning_rate" if precision.adapter else
-           "Load the model in fp32 (`dtype: float32` in config.yaml, or `-- --dtype float32`): the Trainer's "
-           f"`{precision.mixed}: true` then computes in {precision.compute_dtype} under autocast and Adam updates fp32 "
-           f"masters ({precision.bytes_per_param} bytes per parameter now, 16 then: `python -m launch plan` shows "
-           "what fits); or use a strategy that keeps fp32 masters (DeepSpeed ZeRO, FSDP)")
+           f"Load the model in fp32 (`dtype: float32` in config.yaml, or `-- --dtype float32`): {then} "
+           f"({precision.bytes_per_param} bytes per parameter now, 16 then: `python -m launch plan` shows "
+           f"what fits{autocast_too}); or use a strategy that keeps fp32 masters (DeepSpeed ZeRO, FSDP)")
+    if dtype == "float16" and precision.mixed == "fp16":
+        # torch.amp.GradScaler.unscale_ raises on float16 gradients; Accelerate's fp16 scaler unscales at every
+        # optimizer step (clip_grad_norm_, scaler.step)
+        on_purpose = ("Pure float16 does not train under `fp16: true` at all, --pure-bf16 or not: the fp16 loss "
+                      "scaler (torch's GradScaler) refuses float16 gradients (\"Attempting to unscale FP16 "
+                      "gradients.\") at the first optimizer step; fp16 training needs fp32 weights (the fix above).")
+    elif dtype == "float16":
+        on_purpose = ("To train pure float16 on purpose (no loss scaling, so small gradients may underflow), pass "
+                      "--pure-bf16: it allows pure 16-bit training in either 16-bit type.")
+    else:
+        on_purpose = f"To train pure {dtype} on purpose, pass --pure-bf16."
     return (
         f"This run trains pure {dtype}: {where} under {setup.layout.strategy} keeps the trainable {trained} weights, "
         f"their gradients and Adam's states in {dtype} and updates the weights in place, with no fp32 master copy "
-        f"(`{precision.mixed}` mixed precision only autocasts). An Adam update is about the learning rate in size, "
-        f"and one smaller than half a {dtype} step of its weight rounds back to the weight: at learning_rate {lr:g} "
-        f"every update {what} is lost (half a step there is {half:.2g}){also}, so the run silently trains less than "
-        f"it says. {fix}. To train pure {dtype} on purpose, pass --pure-bf16."
+        f"({autocast}). An Adam update is about the learning rate in size, and one smaller than half a {dtype} step "
+        f"of its weight rounds back to the weight: at learning_rate {lr:g} every update {what} is lost (half a step "
+        f"there is {half:.2g}){also}, so the run silently trains less than it says. {fix}. {on_purpose}"
     )
