@@ -7,6 +7,7 @@ import json
 
 
 from launch.checks.rules.registry import Facts, rule
+from launch.config.adapter import Adapter
 from launch.config.training_args import alias_ignored
 
 @rule(doc=(
@@ -37,6 +38,10 @@ def _argv_value(value) -> str:
     "`activation_checkpointing` training argument can't both be set to True. ...\""))
 def checkpointing_not_twice(setup, facts: Facts):
     ckpt = setup.checkpointing  # transformers' and FSDP's, read once (launch.config.training_args.checkpointing)
+    if Adapter.from_training(setup.training) is not None:
+        # an adapter cannot use FSDP's checkpointing at all, and keeps transformers': that refusal
+        # (rules.adapter_with_fsdp_activation_checkpointing) says the one fix, not this one's two
+        return None
     if ckpt.fsdp and ckpt.enabled:
         where = setup.explicit.get(ckpt.name, (0, "TRL's default"))[1]
         return (
