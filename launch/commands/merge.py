@@ -96,15 +96,39 @@ def adapter_files_problem(folder: RunFolder) -> str | None:
     if not weights:
         found.append(f"its weights ({ADAPTER_WEIGHTS}) are missing")
     found += [f"{w.name}: {msg}" for w in weights if (msg := file_problem(w))]
+    saved = [c for c in folder.checkpoints() if complete(c) and (c / ADAPTER_CONFIG).is_file()]
+    fixes = []
+    if found:
+        fixes.append(f"The newest complete checkpoint holds the same kind of files: copy {ADAPTER_CONFIG} and "
+                     f"{ADAPTER_WEIGHTS} of {saved[-1]} into {final} (the adapter at step "
+                     f"{saved[-1].name.rsplit('-', 1)[-1]}), or run the training again" if saved else
+                     "Run the training again (no complete checkpoint holds an adapter)")
     if not (final / TOKENIZER_CONFIG).is_file():  # the run saves the tokenizer beside the adapter; merge copies it
         found.append(f"its tokenizer ({TOKENIZER_CONFIG}) is missing")
+        fixes.append(tokenizer_fix(final, folder.checkpoints()))
     if not found:
         return None
-    saved = [c for c in folder.checkpoints() if complete(c) and (c / ADAPTER_CONFIG).is_file()]
-    fix = (f"The newest complete checkpoint holds the same kind of files: copy {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} "
-           f"of {saved[-1]} into {final} (the adapter at step {saved[-1].name.rsplit('-', 1)[-1]}), or run the "
-           "training again") if saved else "Run the training again (no complete checkpoint holds an adapter)"
-    return (f"The adapter in {final} cannot be merged: " + "; ".join(found) + f". {fix}.")
+    return f"The adapter in {final} cannot be merged: " + "; ".join(found) + ". " + ". ".join(fixes) + "."
+
+
+def tokenizer_fix(final: Path, checkpoints: list[Path]) -> str:
+    """How to put the tokenizer back beside the adapter: the files of a checkpoint that holds them (the trainer saves
+    the tokenizer the run trained with into every checkpoint), else the base model's tokenizer saved there."""
+    with_tokenizer = [c for c in checkpoints if (c / TOKENIZER_CONFIG).is_file()]
+    if with_tokenizer:
+        newest = with_tokenizer[-1]
+        names = sorted(p.name for p in newest.iterdir() if p.name.startswith(("tokenizer", "special_tokens",
+                                                                                 "chat_template", "vocab", "merges")))
+        return (f"The tokenizer is the run's, not part of the adapter: copy the tokenizer files of {newest} "
+                f"({', '.join(names) or TOKENIZER_CONFIG + ' and the files beside it'}) into {final}")
+    try:
+        base = json.loads((final / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        base = None
+    return ("The tokenizer is the run's, not part of the adapter, and no checkpoint holds it: save the base model's "
+            f"tokenizer there, `python -c \"from transformers import AutoTokenizer; AutoTokenizer.from_pretrained("
+            f"'{base or 'BASE_MODEL'}').save_pretrained('{final}')\"` (the run trained with it unless it changed "
+            "the tokenizer, e.g. its chat template)")
 
 
 def merge(final: Path, out: Path, base: str | None = None) -> str:
@@ -117,10 +141,15 @@ def merge(final: Path, out: Path, base: str | None = None) -> str:
         config = PeftConfig.from_pretrained(str(final))
     except (ValueError, TypeError, KeyError) as e:  # a config that is JSON but not PEFT's
         raise LaunchError(f"{final / ADAPTER_CONFIG} is not a PEFT adapter config PEFT can read ({e}).") from None
+    given = base is not None
     base = base or config.base_model_name_or_path
     try:
         model = AutoModelForCausalLM.from_pretrained(base, revision=config.revision, dtype="auto")
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a folder that is no model, a name that is no Hub id
+        if given:
+            raise LaunchError(f"The base model {base} (given with --base) cannot be loaded ({e}). Give --base the "
+                              "folder or Hub id of the model the adapter was trained on, or leave it out to use the "
+                              f"one {final / ADAPTER_CONFIG} names ({config.base_model_name_or_path}).") from None
         raise LaunchError(f"The base model {base} (named in {final / ADAPTER_CONFIG}) cannot be loaded ({e}). Pass "
                           "--base with the folder or Hub id of the model the adapter was trained on.") from None
     try:
@@ -131,7 +160,8 @@ def merge(final: Path, out: Path, base: str | None = None) -> str:
         first = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), "")
         raise LaunchError(
             f"The adapter in {final} does not fit the base {base}: its weights have another model's shapes ({first}). "
-            "An adapter merges only into the base it was trained on (the run's model_name_or_path, recorded in its "
+            + ("That base was given with --base. " if given else f"That base is the one {ADAPTER_CONFIG} names. ")
+            + "An adapter merges only into the base it was trained on (the run's model_name_or_path, recorded in its "
             "output folder's .launch/manifest.json): pass --base with that model's folder or Hub id.") from None
     interrupt.writing()  # from here a Ctrl-C raises, so that the finally below removes the half-written model
     out.parent.mkdir(parents=True, exist_ok=True)
