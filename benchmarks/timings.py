@@ -25,21 +25,27 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-# (what the docs show, the arguments after `python -m launch`, the exit statuses that mean it worked)
+# The floor under every command: what any launcher of TRL's SFTTrainer imports before it can read a training
+# argument (torch, transformers, Accelerate, and TRL's parser with its SFTConfig, which imports transformers' trainer
+# utilities and through them PEFT). The launcher's own cost is a command's time less this one.
+IMPORTS = ("import torch, transformers, accelerate; from trl import SFTConfig, TrlParser; "
+           "SFTConfig.__dataclass_fields__")
+# (what the docs show, the arguments after `python`, the exit statuses that mean it worked)
 COMMANDS = [
-    ("python -m launch ring-cp-8gpu --dry-run", ["ring-cp-8gpu", "--dry-run"], {0}),
+    (f'python -c "{IMPORTS}"', ["-c", IMPORTS], {0}),
+    ("python -m launch ring-cp-8gpu --dry-run", ["-m", "launch", "ring-cp-8gpu", "--dry-run"], {0}),
     ("python -m launch plan ring-cp-8gpu --model docs/model_configs/Qwen--Qwen3-8B",
-     ["plan", "ring-cp-8gpu", "--model", "docs/model_configs/Qwen--Qwen3-8B"], {0, 1}),  # 1: does not fit
+     ["-m", "launch", "plan", "ring-cp-8gpu", "--model", "docs/model_configs/Qwen--Qwen3-8B"], {0, 1}),  # 1: no fit
 ]
 
 
 def run_once(args: list[str], ok: set[int]) -> float:
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "launch", *args], cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if proc.returncode not in ok:
-        sys.exit(f"`python -m launch {' '.join(args)}` exited {proc.returncode}:\n{proc.stdout[-2000:]}"
+        sys.exit(f"`python {' '.join(args)}` exited {proc.returncode}:\n{proc.stdout[-2000:]}"
                  f"{proc.stderr[-2000:]}")
     return seconds
 
@@ -66,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": args.runs,
         "warmup": 1,
         "commands": commands,
+        "imports": IMPORTS,  # the first command: the floor the others are set against
     }
     args.out.write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {args.out}; `python -m launch sync-scripts` shows it in docs/planning.md")
