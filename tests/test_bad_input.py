@@ -102,6 +102,9 @@ FIXTURES = {
     "fsdp2_hybrid_shard": lambda tmp: {"recipe": copy_recipe(tmp, base="fsdp2", accelerate={"fsdp_config": {
         **yaml.safe_load(find_recipe("fsdp2").accelerate_config_path.read_text())["fsdp_config"],
         "fsdp_sharding_strategy": "HYBRID_SHARD"}})},
+    "fsdp_checkpointing": lambda tmp: {"recipe": copy_recipe(tmp, base="fsdp2", accelerate={"fsdp_config": {
+        **yaml.safe_load(find_recipe("fsdp2").accelerate_config_path.read_text())["fsdp_config"],
+        "fsdp_activation_checkpointing": True}})},
     "fsdp1_local_state_dict": lambda tmp: {"recipe": copy_recipe(tmp, base="fsdp2", accelerate={"fsdp_config": {
         **{k: v for k, v in yaml.safe_load(find_recipe("fsdp2").accelerate_config_path.read_text())["fsdp_config"]
            .items() if k != "fsdp_reshard_after_forward"},
@@ -520,7 +523,10 @@ REFUSED += [
 REFUSED += [
     ("fsdp2-with-an-fsdp1-strategy", "{recipe} --smoke --cpu --dry-run", "fsdp2_hybrid_shard", 2,
      "fsdp_sharding_strategy: HYBRID_SHARD (HSDP in FSDP2 is parallelism_config"),
-    ("adapter-under-fsdp-activation-checkpointing", "fsdp2 --smoke --cpu --dry-run -- --use_peft true", "none", 2,
+    # a copy of fsdp2 whose Accelerate config checkpoints with FSDP (the smoke profile itself checkpoints an adapter
+    # run with transformers')
+    ("adapter-under-fsdp-activation-checkpointing", "{recipe} --smoke --cpu --dry-run -- --use_peft true",
+     "fsdp_checkpointing", 2,
      "A LoRA / QLoRA run under FSDP cannot use fsdp_activation_checkpointing: true"),
     ("fsdp1-local-state-dict", "{recipe} --smoke --cpu --dry-run", "fsdp1_local_state_dict", 2,
      "fsdp_state_dict_type LOCAL_STATE_DICT in"),

@@ -102,9 +102,8 @@ def smoke_checkpointing(config: dict, accelerate: dict | None = None) -> tuple[d
     recipe's smoke metrics were recorded, where its GPU default turns checkpointing off (the speed settings `plan
     --fastest` chose for the recipe's GPUs), by whoever checkpoints in that recipe (`Checkpointing.by`, launch.config.
     training_args: FSDP's own for fsdp2, as it recorded them; transformers' where `config` trains an adapter, which
-    FSDP's would save empty). Nothing where the recipe checkpoints already. `config` is the recipe's config.yaml: an
-    adapter turned on after `--` is not seen here, and its refusal (rules.adapter_with_fsdp_activation_checkpointing)
-    says so."""
+    FSDP's would save empty). Nothing where the recipe checkpoints already. `config` is the recipe's config.yaml, with
+    `use_peft: true` where the run turns an adapter on after `--` (launch.run.resolve)."""
     ckpt = checkpointing(config, accelerate)
     if ckpt.on:
         return {}, {}

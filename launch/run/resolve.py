@@ -151,11 +151,14 @@ def _read(options: Options, progress) -> Sources:
     # The recipe's own values are checked as written, even where the smoke profile replaces them.
     own = merge(make_parser, recipe.config_path, config, [Layer(AFTER_DASHES, list(options.extra))])
     bf16 = _computes_in_bf16(options, recipe.accelerate, own)
+    # The smoke profile checkpoints an adapter run with transformers' checkpointing (FSDP's would save the adapter
+    # empty): it sees the adapter wherever it is turned on, config.yaml or after `--`.
+    seen = {**config, "use_peft": True} if is_on(own.get("use_peft")) else config
     # later wins: the smoke profile's checkpointing, the --fastest choice, this run's own overrides
-    smoke_accelerate = profiles.smoke_checkpointing(config, recipe.accelerate)[1] if options.smoke else {}
+    smoke_accelerate = profiles.smoke_checkpointing(seen, recipe.accelerate)[1] if options.smoke else {}
     output_dir = _output_dir(options, own, recipe, config, profile)
     launcher = _launcher_arguments(options, recipe, output_dir)
-    below, above = _training_layers(options, recipe, config, recorded, launcher, progress, bf16)
+    below, above = _training_layers(options, recipe, seen, recorded, launcher, progress, bf16)
     return Sources(recipe, options, profile, config, make_parser, invocation, notes, bf16, smoke_accelerate,
                    _accelerate_overrides(options, recipe.accelerate, num_processes, mesh, bf16), output_dir,
                    below, above)

@@ -10,8 +10,6 @@ import dataclasses
 from launch.checks.rules.registry import Facts, probes, rule
 from launch.facts import meta_model
 from launch.config.adapter import Adapter
-from launch.config.training_args import FSDP_CHECKPOINTING, checkpointing
-from launch.recipe.discovery import RECIPES_DIR
 from launch.switches import is_on
 
 def _adapter(setup):
@@ -189,36 +187,9 @@ def adapter_with_fsdp_activation_checkpointing(setup, facts: Facts):
            "`._checkpoint_wrapped_module.`, which PEFT's get_peft_model_state_dict does not strip (it strips "
            "`_fsdp_wrapped_module.` only): final/ and every checkpoint's adapter_model.safetensors would hold 0 "
            "tensors, silently (measured with peft 0.21.2, accelerate 1.15).")
-    if _smoke_profile_checkpoints_with_fsdp(setup):
-        return ("A LoRA / QLoRA run under FSDP cannot use fsdp_activation_checkpointing: true, which the smoke profile "
-                f"turned on here (as {setup.recipe.name}'s smoke metrics were recorded): {why} The smoke profile "
-                "checkpoints an adapter run with transformers' checkpointing instead, but it reads the adapter from "
-                "config.yaml, not from the arguments after `--`; put `use_peft: true` in a copy of the recipe: "
-                f"{_adapter_copy_command(setup)} (your other arguments after `--` as before). Without --smoke, "
-                f"`-- --use_peft true` runs as given: {setup.recipe.name}'s own configs do not checkpoint with FSDP.")
     return (f"A LoRA / QLoRA run under FSDP cannot use fsdp_activation_checkpointing: true. {why} Set "
             "fsdp_activation_checkpointing: false in the Accelerate config and activation_checkpointing: true in "
             "config.yaml (transformers' checkpointing: the adapter is saved whole).")
-
-
-def _smoke_profile_checkpoints_with_fsdp(setup) -> bool:
-    """Whether FSDP's checkpointing is on only because the smoke profile turned it on (`profiles.smoke_checkpointing`),
-    for a recipe whose config.yaml trains no adapter (with one there, the profile checkpoints with transformers')."""
-    smoke = getattr(getattr(setup, "sources", None), "smoke_accelerate", None) or {}
-    own = checkpointing(setup.recipe.config, setup.recipe.accelerate)
-    return bool(setup.options.smoke and is_on(smoke.get(FSDP_CHECKPOINTING)) and not own.fsdp
-                and Adapter.from_training(setup.recipe.config) is None)
-
-
-def _adapter_copy_command(setup) -> str:
-    """The commands that copy the recipe with `use_peft: true` in its config.yaml and run its smoke profile."""
-    recipe = setup.recipe
-    source = f"recipes/{recipe.name}" if recipe.path.parent == RECIPES_DIR else str(recipe.path)
-    copy = f"{recipe.name}-lora"
-    flags = "--smoke" + (" --cpu" if setup.options.cpu else "")
-    edit = (f"set `use_peft: true` in {copy}/config.yaml" if "use_peft" in recipe.config else
-            f"`echo 'use_peft: true' >> {copy}/config.yaml`")
-    return f"`cp -r {source} {copy}`, {edit}, then `python -m launch ./{copy} {flags}`"
 
 
 @rule(feature="adapters", doc=(
