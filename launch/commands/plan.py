@@ -18,7 +18,8 @@ import dataclasses
 import json
 import math
 
-from launch.speed import fastest
+from launch.speed import communication, fastest
+from launch.speed import model as throughput_model
 from launch.checks import rules
 from launch.commands import command
 from launch.config.layout import processes_problem
@@ -59,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host-memory", type=float, metavar="GIB", help="host memory per node in GiB (default: unknown)")
     p.add_argument("--max-length", metavar="L|auto", help="plan this global sequence length, or find the longest")
     add_options(p, ("model", "mesh", "fastest"))  # a plan reads only the model's config.json
+    p.add_argument("--network-gbps", type=float, metavar="GBPS", default=communication.DEFAULT_NETWORK_GBPS,
+                   help=f"the network between nodes, Gb/s per GPU, for the communication the predicted step waits "
+                        f"for (default {communication.DEFAULT_NETWORK_GBPS:g}: one 400G NIC per GPU)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", action="store_true",
                    help="also trace one training step of the real model under fake tensors (CPU, no memory used; "
@@ -80,6 +84,10 @@ def main(argv: list[str]) -> int:
         if length < 1:  # the run refuses it too (rules.numbers_positive); 0 used to be planned at the config's length
             raise LaunchError(f"--max-length {ns.max_length}: give a positive number of tokens, or `auto`.")
         extra = [*extra, "--max_length", str(length)]
+    try:  # refused before planning: NaN, infinite or non-positive
+        communication.check_network_gbps(ns.network_gbps)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
     try:  # refused before planning: a misspelt GPU would otherwise plan an H100
         gpu = gpus.lookup(ns.gpu) if ns.gpu else DEFAULT_GPU
     except ValueError as e:
@@ -117,11 +125,15 @@ def main(argv: list[str]) -> int:
         return 1
     traced = trace_plan(plan, setup) if ns.trace else None
     # --fastest: the speed settings searched on the target (a GPU machine set up from the image's lock)
-    search = fastest.search(setup, plan, liger_installed=fastest.liger_in_image_lock()) if ns.fastest else None
+    search = fastest.search(setup, plan, liger_installed=fastest.liger_in_image_lock(),
+                            network_gbps=ns.network_gbps) if ns.fastest else None
+    # the recipe's own settings on the target: compute, the communication it waits for, the step
+    cost = speed(plan, ns.network_gbps)
     # --fastest: the status a run with --fastest would have, which applies the fastest setting that fits
     status = (0 if search.chosen else 1) if search else (0 if plan.fits and (plan.longest or not auto) else 1)
     if ns.json:
         print(json.dumps({**plan.as_json(), **({"trace": traced[1]} if traced else {}),
+                          **(speed_json(cost) if cost else {}),
                           **(search.as_json() if search else {})}, indent=2))
         return status
     print(plan.layout.describe())  # the run's layout at the planned length (with auto: the length found)
@@ -129,8 +141,16 @@ def main(argv: list[str]) -> int:
     print(describe(plan))
     if traced:
         print(traced[0])
+    if cost:
+        print(communication.describe(cost.compute_s, cost.communication, plan.run.layout.world_size,
+                                     plan.run.layout.num_machines, cost.tokens_per_step_per_gpu))
     if search:
         print(fastest.describe(search))
+        if search.chosen and search.chosen.cost.communication:
+            chosen = search.chosen.cost
+            print(f"Its step: compute {chosen.compute_s:.3f} s + exposed communication "
+                  f"{chosen.exposed_communication_s:.3f} s = {chosen.step_s:.3f} s"
+                  + (" (communication-bound)" if chosen.communication_bound else "") + ".")
         if search.chosen and not plan.fits:
             print("Exit status 0: the recipe's own settings do not fit, the fastest setting that fits does (a run "
                   "with --fastest applies it).")
@@ -138,6 +158,25 @@ def main(argv: list[str]) -> int:
             print("Exit status 1: the recipe's own settings fit, but only within the launcher's spare; no setting "
                   "--fastest may choose fits (a run with --fastest keeps the recipe's own).")
     return status
+
+
+def speed(plan, network_gbps: float):
+    """The throughput model's prediction of the planned run on its target (None for a shape it does not know, or a
+    length nothing fits at)."""
+    if plan.run.device != "gpu" or not plan.run.layout.max_length:
+        return None
+    try:
+        return throughput_model.predict(plan.arch, plan.run, gpu=plan.target.gpu, network_gbps=network_gbps)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def speed_json(cost) -> dict:
+    """`plan --json`'s "communication" (per collective: bytes, time and exposed seconds per step), "step_s"
+    (compute, exposed communication, step), "communication_bound" and the predicted tokens/s per GPU."""
+    return {"communication": cost.communication.as_json() if cost.communication else [],
+            "step_s": cost.step_json(), "communication_bound": cost.communication_bound,
+            "predicted_tokens_per_s_per_gpu": round(cost.tokens_per_s_per_gpu, 1)}
 
 
 def layout_refused(setup, found: tuple[str, str], ns) -> str:

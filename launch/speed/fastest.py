@@ -34,6 +34,7 @@ from typing import Callable
 from launch import memory
 from launch.facts import calibration, pins
 from launch.speed import model as throughput_model
+from launch.speed.communication import DEFAULT_NETWORK_GBPS
 from launch.facts.machine import installed_versions
 from launch.memory.terms import kernel_length_limits
 from launch.memory.plan import SPARE, MemoryPlan
@@ -256,7 +257,9 @@ class Candidate:
                 "why_not": self.why_not(), "predicted_step_s": round(self.cost.step_s, 4),
                 "predicted_mfu": round(self.cost.utilization("model"), 4),
                 "predicted_mfu_causal": round(self.cost.utilization("model_causal"), 4),
-                "predicted_hfu": round(self.cost.utilization("hardware"), 4)}
+                "predicted_hfu": round(self.cost.utilization("hardware"), 4),
+                "predicted_compute_s": round(self.cost.compute_s, 4),
+                "predicted_exposed_communication_s": round(self.cost.exposed_communication_s, 4)}
 
 
 @dataclass(frozen=True)
@@ -268,6 +271,7 @@ class Search:
     checkpointing_by: str  # "transformers" or "FSDP"
     liger: str  # why Liger is (not) among the candidates
     fixed: tuple[str, ...]  # settings the user gave, kept
+    network_gbps: float = DEFAULT_NETWORK_GBPS  # per GPU between nodes, for the communication of each candidate
 
     def as_json(self) -> dict:
         return {"fastest": self.chosen.as_json() if self.chosen else None,
@@ -283,8 +287,10 @@ def user_given(setup) -> tuple[str, ...]:
     return tuple(k for k in SEARCHED if k in given)
 
 
-def search(setup, plan: MemoryPlan, *, liger_installed: bool, peak_flops: float | None = None) -> Search:
-    """Every candidate of the run `plan` planned (its run shape on its target), ranked by predicted step time
+def search(setup, plan: MemoryPlan, *, liger_installed: bool, peak_flops: float | None = None,
+           network_gbps: float = DEFAULT_NETWORK_GBPS) -> Search:
+    """Every candidate of the run `plan` planned (its run shape on its target), ranked by predicted step time, the
+    communication it waits for included (`launch.speed.communication`; `network_gbps` per GPU between nodes)
     (fastest first; at equal time by each axis' `prefer`: the fewer micro-batches, then no offload, then no
     checkpointing, then Liger), and the fastest that fits (within `TIE` of it, the one with the most headroom)."""
     run = plan.run
@@ -309,7 +315,8 @@ def search(setup, plan: MemoryPlan, *, liger_installed: bool, peak_flops: float 
             excluded = (f"Liger's kernels index tokens x hidden with int32 (Liger-Kernel #803): at most "
                         f"{min(limits):,} tokens here")
         candidates.append(Candidate(Settings(*(x for v in value for x in v)), plan.with_run(shaped),
-                                    throughput_model.predict(plan.arch, shaped, peak_flops, gpu=plan.target.gpu),
+                                    throughput_model.predict(plan.arch, shaped, peak_flops, gpu=plan.target.gpu,
+                                                             network_gbps=network_gbps),
                                     excluded))
     ties = sorted(AXES, key=lambda axis: axis.tie)
     candidates.sort(key=lambda c: (round(c.cost.step_s, 6),
@@ -320,7 +327,7 @@ def search(setup, plan: MemoryPlan, *, liger_installed: bool, peak_flops: float 
         # within TIE of the fastest that fits, the model cannot tell them apart: the most headroom wins
         near = [c for c in fitting if c.cost.step_s <= fitting[0].cost.step_s * (1 + TIE)]
         chosen = min(near, key=lambda c: c.plan.estimate.gpu_peak_gib)
-    return Search(candidates, chosen, space.checkpointing_by, notes[LIGER_KERNELS.name], fixed)
+    return Search(candidates, chosen, space.checkpointing_by, notes[LIGER_KERNELS.name], fixed, network_gbps)
 
 
 def arguments(setup, settings) -> tuple[list[str], dict]:
@@ -340,8 +347,12 @@ def describe(found: Search) -> str:
     target = found.candidates[0].plan.target if found.candidates else None
     cpu = bool(found.candidates) and found.candidates[0].plan.run.device == "cpu"
     gpu = target.gpu if target else None
-    lines = [f"Candidates (fastest first; predicted on one {gpu.name if gpu else 'GPU'} by the throughput model, "
-             "launch/speed/model.py"
+    run = found.candidates[0].plan.run if found.candidates else None
+    world = run.layout.world_size if run else 1
+    where = (f"per GPU of {world} {gpu.name if gpu else 'GPU'}s, the communication the step waits for included "
+             f"(launch/speed/communication.py; {found.network_gbps:g} Gb/s per GPU between nodes)"
+             if world > 1 and not cpu else f"on one {gpu.name if gpu else 'GPU'}")
+    lines = [f"Candidates (fastest first; predicted {where} by the throughput model, launch/speed/model.py"
              + ("; a CPU run is ranked as if on that GPU" if cpu else "")
              + f"; memory by the planner against {target.gpu_memory_gib:g} GiB per "
              + ("process" if cpu else "GPU") + f", fitting with the launcher's {SPARE:.0%} spare: at most "
@@ -378,7 +389,7 @@ def describe(found: Search) -> str:
     lines.append("MFU: 6N + 12 L H d S FLOPs per token (non-causal, recomputation not counted); causal: the attention "
                  "term halved; HFU: the MFU's FLOPs plus checkpointing's recomputed forward. Predicted, not measured: "
                  "calibrated on one H100 and TRL's published 1M-token run (launch/facts/calibration.py); communication "
-                 "between GPUs is not modelled."
+                 "between GPUs from bus bandwidths, not measured (docs/planning.md, Communication)."
                  + (f" The {gpu.name}'s rates are the H100's carried by a stated rule (launch/speed/model.py rates_for:"
                     " fractions of the peak and issue time kept, bandwidth scaled by its memory bandwidth), not "
                     "measured on it." if gpu and gpu.name not in calibration.MEASURED_RATES else ""))

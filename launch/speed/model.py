@@ -18,8 +18,11 @@ costs to issue (a roofline with a floor):
   floor is what makes small micro-batches and small models slower per token: their kernels are too short to hide
   eager PyTorch's per-op host work. tests/test_fastest.py checks every measured row within 20%.
 
-Not modelled, and said where it matters: communication between GPUs (NCCL all-reduce, all-gather, reduce-scatter,
-all-to-all; assumed overlapped with compute), an optimizer stepped on the host (DeepSpeed's CPU Adam), dataloading.
+With more than one process the step adds the communication it waits for (`launch.speed.communication`: each
+strategy's collectives, their time at the links' bus bandwidth, what the layers' compute hides of them):
+step = compute + exposed communication. One process has none: its prediction is the compute alone.
+
+Not modelled, and said where it matters: an optimizer stepped on the host (DeepSpeed's CPU Adam), dataloading.
 The peak is the target GPU's dense BF16 peak (`launch.facts.gpus`); the rates were measured on the calibration GPU, an
 H100 SXM, and carry to another GPU by the rule of `rates_for` (the fractions and the issue time kept, the bandwidth
 scaled by the GPU's memory bandwidth, the host link the GPU's), until that GPU has measured rates of its own.
@@ -34,13 +37,14 @@ base), so a LoRA row can be set against NeMo's published figure in its own conve
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from launch.config.training_args import FSDP_CHECKPOINTING, FSDP_CHECKPOINTING_OFFLOAD
 from launch.facts import calibration, gpus
 from launch.memory import adapters
 from launch.memory.architecture import Architecture
 from launch.memory.run_shape import RunShape
+from launch.speed import communication as comm
 from launch.speed.measured import flops_params, flops_per_token  # the one MFU formula
 
 
@@ -153,13 +157,36 @@ class Rates:
 
 @dataclass(frozen=True)
 class StepCost:
-    """The predicted cost of one optimizer step of a run on one GPU."""
+    """The predicted cost of one optimizer step of a run on one GPU: its compute (`seconds`, by part) and the
+    communication the step waits for (`communication`: every collective, what of each is exposed); `step_s` is the
+    two together."""
 
     step_s: float
     tokens_per_step_per_gpu: int
     seconds: dict  # "matmul", "memory-bound", "kernel issue", "host link"
     flops: dict  # per token: "model", "model_causal", "hardware", "executed", ["frozen_base", "frozen_base_causal"]
     peak_flops: float
+    communication: comm.Communication | None = field(default=None, compare=False)
+
+    @property
+    def compute_s(self) -> float:
+        """The step's compute: its kernels and the host link, without communication."""
+        return sum(self.seconds.values())
+
+    @property
+    def exposed_communication_s(self) -> float:
+        return self.communication.exposed if self.communication else 0.0
+
+    @property
+    def communication_bound(self) -> bool:
+        """The collectives take longer than the compute (nothing can hide them all), or the step waits for them a
+        stated share of its time (`launch.speed.communication.BOUND_SHARE`) or more."""
+        return bool(self.communication) and comm.bound(self.compute_s, self.communication)
+
+    def step_json(self) -> dict:
+        """`plan --json`'s "step_s": compute, exposed communication and the step, seconds."""
+        return {"compute": round(self.compute_s, 4), "exposed_communication": round(self.exposed_communication_s, 4),
+                "step": round(self.step_s, 4)}
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -177,7 +204,8 @@ class StepCost:
                 "mfu": round(self.utilization("model"), 4), "hfu": round(self.utilization("hardware"), 4),
                 **({"mfu_frozen_base_causal": round(self.utilization("frozen_base_causal"), 4)}
                    if "frozen_base_causal" in self.flops else {}),
-                "flops_per_token": {k: round(v) for k, v in self.flops.items()}}
+                "flops_per_token": {k: round(v) for k, v in self.flops.items()},
+                **({"step_parts_s": self.step_json()} if self.communication else {})}
 
 
 # ---- FLOPs per token, in each convention ----------------------------------------------------------------------------
@@ -296,7 +324,7 @@ def _lm_head_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
 
 def _sharded_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
     """FSDP's and ZeRO's per-micro-batch parameter gathers and gradient reductions on this GPU, layer by layer. The
-    collectives' own traffic between GPUs is communication: not modelled."""
+    collectives' own traffic between GPUs is `launch.speed.communication`'s."""
     layout, L = run.layout, arch.num_layers
     P = adapters.trainable_params(arch, run)
     W = layout.shard_group
@@ -396,15 +424,34 @@ def rates_for(gpu: gpus.GPU | None) -> Rates:
 
 
 def predict(arch: Architecture, run: RunShape, peak_flops: float | None = None, rates: Rates | None = None,
-            gpu: gpus.GPU | None = None) -> StepCost:
-    """The predicted step of `run` on one GPU: `gpu` (a row of `launch.facts.gpus`, at its peak and `rates_for` it),
-    or one whose dense BF16 peak is `peak_flops` (default: the calibration GPU's) at the calibrated rates; `rates`
-    replaces the rates."""
+            gpu: gpus.GPU | None = None, network_gbps: float = comm.DEFAULT_NETWORK_GBPS) -> StepCost:
+    """The predicted step of `run` on one of its GPUs: `gpu` (a row of `launch.facts.gpus`, at its peak and
+    `rates_for` it), or one whose dense BF16 peak is `peak_flops` (default: the calibration GPU's) at the calibrated
+    rates; `rates` replaces the rates. With more than one process the step adds the communication it waits for
+    (`launch.speed.communication`: the GPU's link within a node, `network_gbps` per GPU between nodes); one process
+    has none."""
     peak = peak_flops or (gpu.peak_bf16 if gpu else gpus.CALIBRATION_PEAK)
     rates = rates or (rates_for(gpu) if gpu else Rates())
     seconds = step_seconds(step_kernels(arch, run), host_link_bytes(arch, run), peak, rates)
-    return StepCost(sum(seconds.values()), run.layout.tokens_per_rank * run.layout.gradient_accumulation_steps,
-                    seconds, flops_by_convention(arch, run), peak)
+    found = None
+    if comm.collectives(arch, run):
+        found = comm.communication(arch, run, compute_windows(arch, run, peak, rates),
+                                   comm.Network.of(gpu, network_gbps))
+    exposed = found.exposed if found else 0.0
+    return StepCost(sum(seconds.values()) + exposed,
+                    run.layout.tokens_per_rank * run.layout.gradient_accumulation_steps,
+                    seconds, flops_by_convention(arch, run), peak, found)
+
+
+def compute_windows(arch: Architecture, run: RunShape, peak: float, rates: Rates) -> dict:
+    """The compute of one micro-batch a collective can hide behind (`launch.speed.communication.exposed`):
+    "forward" and "backward" (checkpointing's recomputed forward in it) split by FLOPs, a backward costing two
+    forwards; "attention", the attention kernels of every pass."""
+    kernels = _micro_batch_kernels(arch, run)
+    total = sum(step_seconds([(k, 1) for k in kernels], 0.0, peak, rates).values())
+    attention = sum(sum(rates.seconds(k, peak)) for k in kernels if k.attention)
+    f = _passes(run)[0]
+    return {"forward": total / (f + 2), "backward": total * (f + 1) / (f + 2), "attention": attention}
 
 
 # ---- calibration --------------------------------------------------------------------------------------------------
