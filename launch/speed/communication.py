@@ -339,7 +339,8 @@ def describe(compute_s: float, found: Communication | None, world: int, nodes: i
             f"{BOUND_SHARE:.0%} of the step or more). What would change it: a larger micro-batch (more compute per "
             "gather and reduce-scatter: the same bytes per micro-batch)"
             + (", HSDP (shard within a node, replicate across nodes: the gathers stay on the node's links)"
-               if any(c.inter_node for c in found.collectives) else "")
+               if any(c.inter_node and c.kind == "all_gather" and c.hidden_behind for c in found.collectives)
+               else "")
             + (f", a faster network (--network-gbps, now {net.network_gbps:g})"
                if any(c.inter_node for c in found.collectives) else "") + ".")
     return "\n".join(lines)
