@@ -268,8 +268,9 @@ def test_the_report_is_written_after_every_row_and_the_budget_stops_starting_row
     ratio = check.flops_per_step(lora, check.CONFIGS / check.MODELS["Qwen3-8B"], a) / check.flops_per_step(
         first, check.CONFIGS / check.MODELS["Qwen3-1.7B"], a)
     assert 8.5 < ratio < 9.5
-    assert results[4] == f"skipped: about {96 + 8 * 0.5 * ratio:.0f} s needed, 90 s of --budget-s left"
-    assert all(r.startswith("skipped: about ") and r.endswith("s needed, 90 s of --budget-s left") for r in results[2:])
+    assert results[4] == f"skipped: about {96 + 8 * 0.5 * ratio:.0f} s needed + 40 s reserve, 90 s of --budget-s left"
+    assert all(r.startswith("skipped: about ") and r.endswith("s needed + 40 s reserve, 90 s of --budget-s left")
+               for r in results[2:])
     assert raw["budget"] == {"seconds": 300, "used": 210.0, "skipped": 5}
     report = stem.with_suffix(".md").read_text()
     assert "Budget: 300 s (--budget-s); 210 s used; 5 row(s) not started" in report and pending not in report
@@ -278,3 +279,130 @@ def test_the_report_is_written_after_every_row_and_the_budget_stops_starting_row
     with pytest.raises(SystemExit):
         check.parse(["--budget-s", "30"])
     assert "a run needs up to" in capsys.readouterr().err
+
+
+# ---- bad input, Ctrl-C, skipped rows (no launcher run: CPU-cheap) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--only", "throughtput"], "--only throughtput: unknown 'throughtput'; valid: doctor, throughput, alst"),
+    (["--only", "doctor,"], "--only doctor,: unknown ''; valid: doctor, throughput, alst"),
+    (["--models", "Qwen3-9B"], "--models Qwen3-9B: unknown 'Qwen3-9B'; valid: Qwen3-0.6B, Qwen3-1.7B, Qwen3-4B, "
+                               "Qwen3-8B"),
+    (["--recipes", "ddp,fdsp2"], "--recipes ddp,fdsp2: unknown 'fdsp2'; valid: ddp, zero3, fsdp2, lora"),
+    (["--lengths", "4k"], "--lengths 4k: unknown '4k'; valid: 2048, 4096, 8192"),
+    (["--alst-lengths", "65536,lots"], "--alst-lengths 65536,lots: 'lots' is not an integer"),
+    (["--budget-s", "nan"], "argument --budget-s: 'nan': give a finite number above 0"),
+    (["--budget-s", "inf"], "argument --budget-s: 'inf': give a finite number above 0"),
+    (["--budget-s", "-5"], "argument --budget-s: '-5': give a finite number above 0"),
+    (["--timeout", "nan"], "argument --timeout: 'nan': give a finite number above 0"),
+    (["--alst-timeout", "0"], "argument --alst-timeout: '0': give a finite number above 0"),
+    (["--steps", "0"], "argument --steps: '0': give at least 1"),
+], ids=["only-typo", "only-empty-name", "models", "recipes", "lengths", "alst-lengths", "budget-nan", "budget-inf",
+        "budget-negative", "timeout-nan", "alst-timeout-zero", "steps-zero"])
+def test_bad_input_is_refused_before_anything_is_written(argv, message, tmp_path, monkeypatch, capsys):
+    """A typo in a section, model, recipe or length name, or a budget or timeout that is not a positive number: exit 2
+    with the valid names, before the report folder or a temporary folder of the runs exists (`--only throughtput`
+    once ran nothing, exited 0 and replaced the day's report with an empty one; `--budget-s nan` meant no budget)."""
+    check = load_check()
+    monkeypatch.setattr(check.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+
+    def never(*_a, **_k):  # a check that accepted the input would go on to these (and run for minutes)
+        raise AssertionError(f"{argv}: accepted")
+
+    for name in ("environment", "run_doctor", "run_throughput", "run_alst", "launch"):
+        monkeypatch.setattr(check, name, never)
+    out = tmp_path / "results"
+    with pytest.raises(SystemExit) as refused:
+        check.main(["--cpu", *argv, "--out", str(out)])
+    assert refused.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists() and not list((tmp_path / "tmp").iterdir())
+
+
+def test_a_skipped_row_says_the_reserve_and_shows_no_figures():
+    """A row the budget did not start says the reserve it applied (the launcher's stop: 40 s) besides its estimate,
+    and neither its console line nor the report shows figures for it (no "0 tokens/s")."""
+    check = load_check()
+    spec = check.Row("Qwen3-8B", "lora", 4096, ("--fastest",))
+    row = check.skipped(spec, check.skip_reason(62.4, 86.6))
+    assert row["result"] == "skipped: about 62 s needed + 40 s reserve, 87 s of --budget-s left"
+    assert check.STOP_WAIT_S == 40
+    line = check.row_line(spec, row)
+    assert line == "[check] Qwen3-8B lora --fastest 4096: skipped: about 62 s needed + 40 s reserve, 87 s of " \
+                   "--budget-s left"
+    failed = {**row, "result": "failed (exit 1): boom", "seconds": 12.5, "tokens_per_s_per_gpu": None}
+    assert check.row_line(spec, failed) == "[check] Qwen3-8B lora --fastest 4096: failed (exit 1): boom (12.5 s)"
+    trains = {**failed, "result": "trains", "tokens_per_s_per_gpu": 1234.4, "mfu": 0.5, "mfu_causal": 0.25}
+    assert check.row_line(spec, trains) == ("[check] Qwen3-8B lora --fastest 4096: trains, 1,234 tokens/s/GPU, MFU "
+                                            "50.0% non-causal, 25.0% causal (12.5 s)")
+    env = {"date": "2026-11-24", "host": "h", "python": "3.12.3", "cuda": None, "cudnn": None,
+           "versions": {k: "1.0" for k in check.PACKAGES}, "gpu": None}
+    text = check.markdown(env, None, [row], None, check.parse([]), [])
+    cells = next(line for line in text.splitlines() if line.startswith("| Qwen3-8B |")).split(" | ")
+    assert cells[-1] == "skipped: about 62 s needed + 40 s reserve, 87 s of --budget-s left |"
+    assert set(cells[7:15]) == {"-"} and " 0 " not in text  # tokens/step, step time, tokens/s, MFU, memory
+
+
+def test_ctrl_c_writes_the_report_with_what_finished_and_removes_the_temporary_folder(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """Ctrl-C during the second row (launcher runs faked): one line, no traceback, status 130; the report holds the
+    first row, the second as stopped while it ran and the rest as not run; the runs' temporary folder is gone."""
+    check = load_check()
+    monkeypatch.setattr(check.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(check, "environment", lambda cpu: {"date": dt.date.today().isoformat(), "host": "h",
+                                                             "python": "3", "versions": {}, "cuda": None,
+                                                             "cudnn": None, "gpu": None})
+    monkeypatch.setattr(check, "run_doctor", lambda cpu, timeout: {"rc": 0, "seconds": 1, "problems": [], "tail": ""})
+    ran = []
+
+    def run(spec, folder, a, work, timeout=None):
+        assert work.parent == tmp_path / "tmp" and work.name.startswith("gpu-check-")
+        ran.append(spec)
+        if len(ran) == 2:
+            raise KeyboardInterrupt  # what the launch() of a row raises once it has stopped the launcher
+        return {"model": spec.model, "recipe": spec.recipe, "max_length": spec.max_length, "options": [],
+                "seconds": 10.0, "result": "trains", "tokens_per_s_per_gpu": 1.0}
+
+    monkeypatch.setattr(check, "run_throughput", run)
+    out = tmp_path / "results"
+    assert check.main(["--quick", "--cpu", "--out", str(out)]) == 130
+    captured = capsys.readouterr()
+    assert "[check] interrupted (Ctrl-C); the report keeps what finished" in captured.err
+    assert "Traceback" not in captured.out + captured.err
+    assert not list((tmp_path / "tmp").iterdir())  # the runs' temporary folder is removed
+    raw = json.loads((out / f"cpu-{dt.date.today().isoformat()}.json").read_text())
+    assert [r["result"] for r in raw["throughput"]] == ["trains", check.STOPPED] + [check.INTERRUPTED] * 5
+    assert check.PENDING not in (out / f"cpu-{dt.date.today().isoformat()}.md").read_text()
+
+
+CHILD = """
+import signal, sys, time
+seen = []
+def on_sigint(*_):
+    seen.append(1)
+    print(f"SIGINT {len(seen)}", flush=True)
+    if len(seen) == int(sys.argv[1]):
+        sys.exit(130)
+signal.signal(signal.SIGINT, on_sigint if sys.argv[1] != "0" else signal.SIG_IGN)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("sigints_to_exit, expected", [(1, 130), (2, 130), (0, -9)])
+def test_ctrl_c_stops_a_launcher_run_through_its_stop_sequence(sigints_to_exit, expected):
+    """The launcher's stop sequence, on a child standing in for it in a session of its own: SIGINT to its group;
+    after a wait a second SIGINT (the launcher then kills its ranks at once); after another, SIGKILL."""
+    import subprocess
+
+    check = load_check()
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(sigints_to_exit)], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout.readline() == "ready\n"
+    check._interrupt(proc, waits=(0.5, 0.5))
+    assert proc.returncode == expected
+    assert proc.stdout.read().split() == ["SIGINT", "1", "SIGINT", "2"][:2 * sigints_to_exit]

@@ -34,17 +34,26 @@ Sections (`--only`):
 `--budget-s S`: the check's wall time from its start. A row starts only when its estimate (`Budget.estimate`: the
 start-up and the speed measured by this check's earlier rows, the row's FLOPs per step) fits the time left; a row
 that starts is stopped at the end of the budget; the rows not started are in the report, "skipped", with the time
-they needed.
+they needed (and the reserve kept to stop a run).
+
+Bad input is refused before anything is written (exit 2): an unknown section, model, recipe or length (the message
+names the valid ones), a budget or timeout that is not a positive number (`nan`, `inf`, 0). Ctrl-C stops the launcher
+run in progress through its own stop sequence (SIGINT to its process group; after STOP_WAIT_S a second SIGINT, which
+makes it kill its ranks at once; then SIGKILL), writes the report with what finished, removes the temporary folder
+of the runs and exits 130, in one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
+import math
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -172,7 +181,8 @@ STOP_WAIT_S = GRACE_SECONDS + 10
 
 def launch(args: list[str], timeout: float, echo=None) -> tuple[int | None, str, float]:
     """`python -m launch ARGS` from the repository root: (exit status or None on timeout, output, seconds). Output
-    is passed line by line to `echo` (e.g. print) as it comes."""
+    is passed line by line to `echo` (e.g. print) as it comes. On Ctrl-C (KeyboardInterrupt) the launcher is stopped
+    through its own stop sequence (`_interrupt`) before the KeyboardInterrupt goes on."""
     import threading
 
     started = time.monotonic()
@@ -194,14 +204,45 @@ def launch(args: list[str], timeout: float, echo=None) -> tuple[int | None, str,
     except subprocess.TimeoutExpired:
         _stop(proc)
         rc = None
+    except KeyboardInterrupt:
+        _interrupt(proc)
+        reader.join(timeout=10)
+        raise
     reader.join(timeout=10)
     return rc, "".join(lines), time.monotonic() - started
 
 
+HURRY_WAIT_S = 10  # after the second SIGINT the launcher SIGKILLs its ranks at once; this long for it to exit
+
+
+def _interrupt(proc: subprocess.Popen, waits: tuple[float, float] = (STOP_WAIT_S, HURRY_WAIT_S)) -> None:
+    """Ctrl-C during a launcher run: the launcher's own stop sequence. SIGINT to its process group (it started in a
+    session of its own, so the terminal's Ctrl-C did not reach it): it stops its ranks, writes its summary and exits
+    130, within STOP_WAIT_S; then a second SIGINT (it SIGKILLs its ranks at once), HURRY_WAIT_S; then SIGKILL to the
+    group. A further Ctrl-C meanwhile goes on to the next step at once instead of raising."""
+    hurry: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda *_: hurry.append(1))
+    try:
+        for sig, wait in ((signal.SIGINT, waits[0]), (signal.SIGINT, waits[1]), (signal.SIGKILL, None)):
+            if proc.poll() is not None:
+                return
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if wait is None:
+                proc.wait()
+                return
+            hurry.clear()
+            deadline = time.monotonic() + wait
+            while proc.poll() is None and time.monotonic() < deadline and not hurry:
+                time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM to the launcher (it stops its ranks), SIGKILL to its process group after STOP_WAIT_S."""
-    import signal
-
     try:
         proc.terminate()
         proc.wait(timeout=STOP_WAIT_S)
@@ -459,7 +500,7 @@ def select_rows(a) -> list[Row]:
     keep = {"model": a.models, "recipe": a.recipes, "max_length": a.lengths}
     for field, wanted in keep.items():
         if wanted:
-            values = {int(v) if field == "max_length" else v for v in wanted.split(",")}
+            values = {int(v) if field == "max_length" else v.strip() for v in wanted.split(",")}
             rows = [r for r in rows if getattr(r, field) in values]
     return ordered(rows)
 
@@ -697,6 +738,42 @@ QUICK_BUDGET_S = 480  # --quick's default --budget-s: 8 minutes (README.md: the 
 QUICK_STEPS = 6  # --quick's measured steps: as the H100 rows measured before (calibration.py: 2 warm-up + 6)
 
 
+SECTIONS = ("doctor", "throughput", "alst")
+
+
+def _positive(text: str) -> float:
+    """An argparse type: a finite number above 0 (`float` alone takes nan, inf and negatives)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number above 0")
+    return value
+
+
+def _count(least: int):
+    """An argparse type: an integer of at least `least`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: give at least {least}")
+        return value
+    return parse
+
+
+def _names(p, option: str, text: str, valid) -> list[str]:
+    """The comma-separated names of `option`, each one of `valid`; else argparse's error (exit 2), naming them."""
+    names = [n.strip() for n in text.split(",")]
+    valid = [str(v) for v in valid]
+    if unknown := [n for n in names if n not in valid]:
+        p.error(f"{option} {text}: unknown {', '.join(repr(n) for n in unknown)}; valid: {', '.join(valid)}")
+    return names
+
+
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cpu", action="store_true", help="run on CPU (with --tiny: the script's own end-to-end check)")
@@ -710,17 +787,19 @@ def parse(argv):
     p.add_argument("--lengths", help="only the rows of these max_length values (comma-separated)")
     p.add_argument("--recipes", help=f"only the rows of these recipes (default {','.join(RECIPES)}; with --tiny "
                    f"{','.join(TINY_RECIPES)})")
-    p.add_argument("--warmup", type=int, help="warm-up steps per run (not measured; default 2)")
-    p.add_argument("--steps", type=int, help=f"measured steps per run (median and min-max reported; default 10, "
+    p.add_argument("--warmup", type=_count(0), help="warm-up steps per run (not measured; default 2)")
+    p.add_argument("--steps", type=_count(1), help=f"measured steps per run (median and min-max reported; default 10, "
                    f"--quick {QUICK_STEPS})")
-    p.add_argument("--batch", type=int, help="per_device_train_batch_size (default: the recipe's)")
+    p.add_argument("--batch", type=_count(1), help="per_device_train_batch_size (default: the recipe's)")
     p.add_argument("--force", action="store_true", help="run also what the planner predicts does not fit")
-    p.add_argument("--gpu-memory", type=float, help="plan for this GPU memory in GiB (default: the planner's 79.1)")
-    p.add_argument("--timeout", type=float, default=600, help="seconds per launcher run")
-    p.add_argument("--budget-s", type=float, help="wall seconds for the whole check: rows whose estimate does not "
-                   "fit the time left are not started (the report lists them); default none, --quick "
+    p.add_argument("--gpu-memory", type=_positive, help="plan for this GPU memory in GiB (default: the "
+                   "planner's 79.1)")
+    p.add_argument("--timeout", type=_positive, default=600, help="seconds per launcher run")
+    p.add_argument("--budget-s", type=_positive, help="wall seconds for the whole check: rows whose estimate does "
+                   "not fit the time left are not started (the report lists them); default none, --quick "
                    f"{QUICK_BUDGET_S}")
-    p.add_argument("--alst-timeout", type=float, default=4 * 3600, help="seconds for the whole ALST search")
+    p.add_argument("--alst-timeout", type=_positive, default=4 * 3600,
+                   help="seconds for the whole ALST search")
     p.add_argument("--alst-lengths", help="instead of the search: one step at each of these lengths (comma-"
                    "separated), each within --timeout")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder of the report")
@@ -728,6 +807,20 @@ def parse(argv):
     p.add_argument("--verbose", action="store_true", help="stream the runs' output")
     a = p.parse_args(argv)
     a.only = a.only or ("doctor,throughput" if a.quick else "doctor,throughput,alst")
+    # names are refused here, before anything is written: a typo would otherwise select nothing and run nothing
+    _names(p, "--only", a.only, SECTIONS)
+    if a.models:
+        _names(p, "--models", a.models, [*MODELS, *(["tiny"] if a.tiny else [])])
+    if a.recipes:
+        _names(p, "--recipes", a.recipes, TINY_RECIPES if a.tiny else RECIPES)
+    if a.lengths:
+        _names(p, "--lengths", a.lengths, [64] if a.tiny else sorted({r.max_length for r in ROWS}))
+    if a.alst_lengths:
+        for n in a.alst_lengths.split(","):
+            try:
+                _count(1)(n.strip())
+            except argparse.ArgumentTypeError as e:
+                p.error(f"--alst-lengths {a.alst_lengths}: {e}")
     a.warmup = 2 if a.warmup is None else a.warmup
     a.steps = a.steps if a.steps is not None else QUICK_STEPS if a.quick else 10
     if a.quick and a.budget_s is None:
@@ -752,6 +845,9 @@ class Report:
         self.md, self.json = a.out / f"{name}.md", a.out / f"{name}.json"
         self.doctor = self.alst = None
         self.rows: list[dict] = []
+        self.pending: list[Row] = []  # the rows not finished yet, the one running first
+        self.running: Row | None = None  # the row whose launcher run is in progress
+        self.alst_pending = False  # the ALST section is asked for and has not finished
         self.writes = 0
 
     def budget_facts(self) -> dict | None:
@@ -773,55 +869,114 @@ class Report:
         self.writes += 1
         print(f"[check] report: {self.md} ({len(self.rows)} of {len(rows)} rows)", flush=True)
 
+    def interrupted(self) -> None:
+        """After a Ctrl-C: the report with what finished, every row not finished (the one running included) and the
+        ALST section, if it had not run, marked as not run."""
+        self.rows += [skipped(row, STOPPED if row == self.running else INTERRUPTED) for row in self.pending]
+        self.pending, self.running = [], None
+        if self.alst_pending:
+            self.alst, self.alst_pending = {"skipped": INTERRUPTED}, False
+        self.write()
+
+
+INTERRUPTED = "not run: the check was interrupted (Ctrl-C)"
+STOPPED = "stopped by Ctrl-C while it ran (the launcher's own stop: no figures)"
+
+
+def row_line(spec: Row, row: dict) -> str:
+    """The console line of a finished row: its figures when it measured any, else only what happened (a skipped row,
+    a refused or failed run, never "0 tokens/s")."""
+    head = f"[check] {spec.model} {spec.label} {spec.max_length}: {row['result']}"
+    if not row.get("tokens_per_s_per_gpu"):
+        return head + (f" ({row['seconds']} s)" if row.get("seconds") is not None else "")
+    return (f"{head}, {row['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU {_pct(row.get('mfu'))} non-causal, "
+            f"{_pct(row.get('mfu_causal'))} causal ({row.get('seconds', 0)} s)")
+
+
+def skip_reason(need: float, left: float) -> str:
+    """Why a row was not started: its estimate and the reserve kept to stop a run (STOP_WAIT_S) against the time
+    left."""
+    return f"skipped: about {need:.0f} s needed + {STOP_WAIT_S} s reserve, {max(left, 0):.0f} s of --budget-s left"
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    a = parse(argv)
-    budget = Budget(a.budget_s)
-    only = set(a.only.split(","))
-    work = a.work or Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    work.mkdir(parents=True, exist_ok=True)
-    env = environment(a.cpu)
-    if not a.cpu and not env["gpu"]:
-        print("no GPU found (nvidia-smi): pass --cpu --tiny to check the script on CPU", file=sys.stderr)
-        return 2
-    rows = select_rows(a) if "throughput" in only else []
-    if "throughput" in only and not rows:
-        print("no row matches --models, --recipes and --lengths", file=sys.stderr)
-        return 2
-    print(f"[check] {env['gpu']['name'] if env['gpu'] else 'CPU'}; runs in {work}", flush=True)
-    report = Report(a, argv, env, budget)
+    work = report = None
+    try:
+        a = parse(argv)  # every refusal of bad input comes before anything is written or created
+        budget = Budget(a.budget_s)
+        only = set(a.only.split(","))
+        env = environment(a.cpu)
+        if not a.cpu and not env["gpu"]:
+            print("no GPU found (nvidia-smi): pass --cpu --tiny to check the script on CPU", file=sys.stderr)
+            return 2
+        rows = select_rows(a) if "throughput" in only else []
+        if "throughput" in only and not rows:
+            print("no row matches --models, --recipes and --lengths", file=sys.stderr)
+            return 2
+        work = a.work or Path(tempfile.mkdtemp(prefix="gpu-check-"))
+        work.mkdir(parents=True, exist_ok=True)
+        print(f"[check] {env['gpu']['name'] if env['gpu'] else 'CPU'}; runs in {work}", flush=True)
+        report = Report(a, argv, env, budget)
+        return run_sections(a, only, rows, budget, work, report)
+    except KeyboardInterrupt:
+        with _no_ctrl_c():  # the report and the clean-up below are not cut short by another one
+            print("\n[check] interrupted (Ctrl-C)" + ("; the report keeps what finished" if report is not None else ""),
+                  file=sys.stderr, flush=True)
+            if report is not None:
+                report.interrupted()
+        return 130
+    finally:
+        if work is not None and a.work is None:
+            with _no_ctrl_c():
+                shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _no_ctrl_c():
+    """Inside: a Ctrl-C is ignored (the check is already writing its report and cleaning up after one)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run_sections(a, only: set[str], rows: list[Row], budget: Budget, work: Path, report: Report) -> int:
+    report.pending, report.alst_pending = list(rows), "alst" in only
     if "doctor" in only:
         report.doctor = run_doctor(a.cpu, budget.timeout(a))
         print(f"[check] doctor: exit {report.doctor['rc']}", flush=True)
         report.write(rows)
     for i, spec in enumerate(rows):
+        report.pending = rows[i:]
         folder = model_dir(spec, work)
         need, left = budget.estimate(spec, folder, a), budget.left()
         if need > left - STOP_WAIT_S:
-            row = skipped(spec, f"skipped: about {need:.0f} s needed, {max(left, 0):.0f} s of --budget-s left")
+            row = skipped(spec, skip_reason(need, left))
         else:
+            report.running = spec
             row = run_throughput(spec, folder, a, work, timeout=budget.timeout(a))
+            report.running = None
             budget.learn(spec, folder, row, a)
         report.rows.append(row)
-        print(f"[check] {spec.model} {spec.label} {spec.max_length}: {row['result']}, "
-              f"{row.get('tokens_per_s_per_gpu') or 0:,.0f} tokens/s/GPU, MFU {_pct(row.get('mfu'))} non-causal, "
-              f"{_pct(row.get('mfu_causal'))} causal ({row.get('seconds', 0)} s)", flush=True)
+        report.pending = rows[i + 1:]
+        print(row_line(spec, row), flush=True)
         report.write(rows[i + 1:])
     if "alst" in only:
         if budget.left() - STOP_WAIT_S < FIRST_ROW_S:
-            report.alst = {"skipped": f"not run: {max(budget.left(), 0):.0f} s of --budget-s left"}
+            report.alst = {"skipped": f"not run: about {FIRST_ROW_S} s needed + {STOP_WAIT_S} s reserve, "
+                                      f"{max(budget.left(), 0):.0f} s of --budget-s left"}
         else:
             cap = budget.left() - STOP_WAIT_S  # inf without a budget
             a.alst_timeout, a.timeout = min(a.alst_timeout, cap), min(a.timeout, cap)
             report.alst = run_alst(CONFIGS / ALST_MODEL, a, work)
             print(f"[check] alst: {report.alst['mode']}; planner {report.alst['planner'].get('max_length')}, measured "
                   f"{report.alst.get('longest')}", flush=True)
+        report.alst_pending = False
         report.write()
     if not report.writes:
         report.write()
-    if a.work is None:
-        shutil.rmtree(work, ignore_errors=True)
     failed = [r for r in report.rows if r["result"] != "trains" and not r["result"].startswith(("refused", "skipped"))]
     return 1 if failed or (report.doctor and report.doctor["rc"] not in (0,)) else 0
 
