@@ -56,6 +56,7 @@ def test_nodes_epochs_and_no_price():
     ({"tokens": math.nan}, "--tokens nan"),
     ({"tokens": math.inf}, "--tokens inf"),
     ({"tokens": "many"}, "--tokens many"),
+    ({"tokens": 0.0}, "--tokens 0: give"),
     ({"epochs": 0, "dataset_tokens": 1e6}, "--epochs 0: give a positive"),
     ({"epochs": 2}, "the dataset's token count is not known here; give --tokens N"),
     ({"epochs": 2, "dataset_tokens": -1}, "--dataset-tokens -1"),
@@ -103,8 +104,13 @@ def test_the_per_gpu_speed_is_asked_for_each_count():
     assert found.gpus == 56 and found.hours == pytest.approx(1e10 / (5_000 * 56) / 3600)
     assert found.tried[-2][2] == pytest.approx(1e10 / (5_000 * 48) / 3600) and found.tried[-2][2] > 10
     assert asked == [(1, 1), (2, 1), (4, 1), (8, 1)] + [(8, n) for n in range(2, 8)]
+    # a count the run's mesh cannot take is skipped (None), not tried
+    even_nodes = training_time.gpus_for(10, 1e10, lambda g, n: None if n % 2 else 10_000, _layout("ddp"))
+    assert even_nodes.gpus == 32 and [(g, n) for g, n, _h in even_nodes.tried] == [(8, 2), (8, 4)]
+    assert "can run this layout" in training_time.gpus_for(10, 1e10, lambda g, n: None, _layout("ddp")).reason
     never = training_time.gpus_for(0.01, 1e10, lambda g, n: 10_000, _layout("ddp"), max_nodes=2)
-    assert never.gpus is None and "not reached within 2 nodes of 8 GPUs" in never.reason
+    assert never.gpus is None and never.reason == ("not reached within 2 nodes of 8 GPUs: 16 GPUs (2 nodes x 8) "
+                                                   "would take 17 h 22 min.")
 
 
 def test_a_cp_recipe_is_refused_with_the_reason():

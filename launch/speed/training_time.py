@@ -36,7 +36,8 @@ def _number(value, flag: str, what: str, *, zero: bool = False) -> float:
     except (TypeError, ValueError):
         x = math.nan
     if not math.isfinite(x) or x < 0 or (x == 0 and not zero):
-        raise LaunchError(f"{flag} {value}: give {what}.")
+        shown = f"{value:g}" if isinstance(value, (int, float)) else value  # as typed: 0, not argparse's 0.0
+        raise LaunchError(f"{flag} {shown}: give {what}.")
     return x
 
 
@@ -225,11 +226,12 @@ def counts(gpus_per_node: int, max_nodes: int = MAX_NODES) -> list[tuple[int, in
     return [(g, 1) for g in one] + [(gpus_per_node, n) for n in range(2, max_nodes + 1)]
 
 
-def gpus_for(target_hours: float, tokens: float, per_gpu_speed: Callable[[int, int], float], layout, *,
+def gpus_for(target_hours: float, tokens: float, per_gpu_speed: Callable[[int, int], float | None], layout, *,
              gpus_per_node: int = 8, max_nodes: int = MAX_NODES, band: tuple[float, float] | None = None) -> GpuCount:
     """The smallest GPU count (`counts`) that trains `tokens` within `target_hours` (`--target-hours`), the run's
     `layout` scaled by data parallelism: `per_gpu_speed(gpus_per_node, nodes)` gives the predicted tokens/s per GPU at
-    each count (the caller's throughput model, communication included when it is). With `band`, a count meets the
+    each count (the caller's throughput model, communication included when it is), or None for a count the run cannot
+    take (a mesh it does not divide: skipped). With `band`, a count meets the
     target at the band's slow end (the time x (1 + high)). Every count is tried in order, so the answer is the
     smallest even where more GPUs are not always faster. A CP / SP / TP run: refused with the reason
     (`scaling_problem`), not searched."""
@@ -240,11 +242,18 @@ def gpus_for(target_hours: float, tokens: float, per_gpu_speed: Callable[[int, i
         return GpuCount(target_hours, tokens, reason=problem)
     tried = []
     for per_node, nodes in counts(gpus_per_node, max_nodes):
-        speed = _number(per_gpu_speed(per_node, nodes), "the predicted speed", "a positive, finite tokens/s per GPU")
+        speed = per_gpu_speed(per_node, nodes)
+        if speed is None:  # the run cannot take this count (its mesh does not divide it): not a candidate
+            continue
+        speed = _number(speed, "the predicted speed", "a positive, finite tokens/s per GPU")
         hours = tokens / (speed * per_node * nodes) / HOUR_S * slow
         tried.append((per_node, nodes, hours))
         if hours <= target_hours:
             return GpuCount(target_hours, tokens, per_node, nodes, hours, tried=tuple(tried), slow_end=band is not None)
+    if not tried:
+        return GpuCount(target_hours, tokens, reason=f"no count of up to {max_nodes} nodes of {gpus_per_node} GPUs "
+                                                     "can run this layout.")
+    per_node, nodes, hours = tried[-1]
     return GpuCount(target_hours, tokens, reason=(
-        f"not reached within {max_nodes} nodes of {gpus_per_node} GPUs: {max_nodes * gpus_per_node} GPUs would take "
-        f"{duration_text(tried[-1][2] * HOUR_S)}."), tried=tuple(tried), slow_end=band is not None)
+        f"not reached within {max_nodes} nodes of {gpus_per_node} GPUs: {gpus_text(per_node, nodes)} would take "
+        f"{duration_text(hours * HOUR_S)}."), tried=tuple(tried), slow_end=band is not None)
