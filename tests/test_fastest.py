@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -26,7 +27,7 @@ from launch.__main__ import main
 from launch.memory import Architecture, RunShape
 from launch.memory.plan import SPARE, Target, default_target, plan_memory
 from launch.config.options import Options
-from launch.recipe.discovery import recipe_names
+from launch.recipe.discovery import RECIPES_DIR, recipe_names
 from launch.run.resolve import FASTEST, resolve
 
 MODEL_CONFIGS = hub.SHIPPED_CONFIGS
@@ -176,6 +177,63 @@ def test_every_recipes_gpu_defaults_are_the_fastest_that_fit(name):
     assert fastest.arguments(setup, found.chosen.settings) == ([], {}), fastest.describe(found)
     data = found.as_json()  # what `plan RECIPE --fastest --json` adds
     assert FIELDS <= set(data["fastest"]) and data["candidates"] and all(FIELDS <= set(c) for c in data["candidates"])
+
+
+def _speed_comment(name: str) -> str:
+    """The config.yaml comment that gives the recipe's speed settings and their figures, as one line of text."""
+    lines, inside = [], False
+    for line in (RECIPES_DIR / name / "config.yaml").read_text().splitlines():
+        if line.startswith("# Speed settings"):
+            inside = True
+        elif inside and not line.startswith("#"):
+            break
+        if inside:
+            lines.append(line.lstrip("#").strip())
+    return " ".join(lines)
+
+
+def _shown(stated: str, value: float) -> bool:
+    """Whether `value` is what a comment shows as `stated`: the same at the stated decimals (GiB), or within 1% for
+    a rounded "~N" (tokens/s, rounded to two or three significant figures)."""
+    number = float(stated.replace(",", ""))
+    if "." in stated:
+        return abs(value - number) <= 0.5 * 10 ** -len(stated.split(".")[1]) + 1e-9
+    return abs(value - number) <= 0.01 * value
+
+
+@pytest.mark.parametrize("name", [n for n in recipe_names() if "Speed settings" in
+                                  (RECIPES_DIR / n / "config.yaml").read_text()])
+def test_every_figure_a_config_comment_states_is_the_planners(name):
+    """Each figure in a config.yaml's speed comment is recomputed: the chosen setting's GiB per GPU and tokens/s per
+    GPU, and every other GiB or ~tokens/s figure it cites is a candidate's of the same search (a figure "at N Gb/s"
+    is the chosen setting's on that network). A planner change that moves a figure fails here until the comment
+    follows the tool."""
+    text = _speed_comment(name)
+    setup, found = _search(name)
+    chosen = found.chosen
+    assert chosen is not None
+    main_figures = re.search(r"([\d.]+) GiB per GPU and ~([\d,]+) tokens/s per GPU", text)
+    assert main_figures, text
+    assert _shown(main_figures.group(1), chosen.plan.estimate.gpu_peak_gib), (text, chosen.plan.estimate.gpu_peak_gib)
+    assert _shown(main_figures.group(2), chosen.cost.tokens_per_s_per_gpu), (text, chosen.cost.tokens_per_s_per_gpu)
+    # "Communication-bound" is said exactly where the planner says so (at its default network between machines)
+    assert ("Communication-bound" in text) == chosen.cost.communication_bound, (text, chosen.cost.communication_bound)
+    candidates = found.candidates
+    for stated in re.findall(r"([\d.]+) GiB", text):
+        assert any(_shown(stated, c.plan.estimate.gpu_peak_gib) for c in candidates), (
+            f"{name}: {stated} GiB is no candidate's peak: "
+            + ", ".join(f"{c.plan.estimate.gpu_peak_gib:.1f}" for c in candidates))
+    for stated, gbps in re.findall(r"~([\d,]+)(?![\d,]*%)(?: at ([\d,]+) Gb/s)?", text):
+        if gbps:
+            plan_ = chosen.plan
+            other = fastest.search(setup, plan_, liger_installed=fastest.liger_in_image_lock(),
+                                   network_gbps=float(gbps.replace(",", "")))
+            speed = other.chosen.cost.tokens_per_s_per_gpu
+            assert _shown(stated, speed), (stated, gbps, speed)
+        else:
+            assert any(_shown(stated, c.cost.tokens_per_s_per_gpu) for c in candidates), (
+                f"{name}: ~{stated} tokens/s is no candidate's: "
+                + ", ".join(f"{c.cost.tokens_per_s_per_gpu:,.0f}" for c in candidates))
 
 
 def test_liger_is_never_chosen_on_cpu_without_it_or_under_the_tiled_mlp():
