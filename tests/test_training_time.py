@@ -5,6 +5,7 @@ smallest count that meets it, monotone in the target, a CP recipe refused with t
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -58,7 +59,7 @@ def test_nodes_epochs_and_no_price():
     ({"tokens": "many"}, "--tokens many"),
     ({"tokens": 0.0}, "--tokens 0: give"),
     ({"epochs": 0, "dataset_tokens": 1e6}, "--epochs 0: give a positive"),
-    ({"epochs": 2}, "the dataset's token count is not known here; give --tokens N"),
+    ({"epochs": 2}, "not known here (a plan reads no data); give it with --dataset-tokens N, or give --tokens N"),
     ({"epochs": 2, "dataset_tokens": -1}, "--dataset-tokens -1"),
     ({"tokens": 1e9, "epochs": 1, "dataset_tokens": 1e9}, "not both and not neither"),
     ({}, "not both and not neither"),
@@ -69,6 +70,14 @@ def test_what_cannot_be_planned_is_refused_in_one_sentence(kwargs, says):
     with pytest.raises(LaunchError) as e:
         training_time.plan(**kwargs, tokens_per_s_per_gpu=1000, gpus=8, band=(-0.1, 0.1))
     assert says in str(e.value) and str(e.value).count(". ") == 0 and str(e.value).endswith(".")
+    with pytest.raises(LaunchError, match=re.escape(says)):  # the same, before any planning
+        training_time.check(**kwargs)
+
+
+def test_check_gives_the_tokens_and_refuses_a_bad_target_before_planning():
+    assert training_time.check(epochs=2, dataset_tokens=5e8) == 1e9 == training_time.check(1e9, gpu_hour_cost=0)
+    with pytest.raises(LaunchError, match="--target-hours nan: give a positive, finite number of hours"):
+        training_time.check(1e9, target_hours=math.nan)
 
 
 def test_the_smallest_gpu_count_that_meets_the_target():

@@ -146,31 +146,44 @@ class TrainingTime:
         return out
 
 
-def plan(tokens: float | None = None, *, epochs: float | None = None, dataset_tokens: float | None = None,
-         tokens_per_s_per_gpu: float, gpus: int, nodes: int = 1, band: tuple[float, float],
-         gpu_hour_cost: float | None = None) -> TrainingTime:
-    """The time and cost of training `tokens` (`--tokens`), or `epochs` (`--epochs`) of a dataset of `dataset_tokens`
-    tokens, at `tokens_per_s_per_gpu` (the prediction; its `band` as `launch.speed.error_band` gives it) on `gpus` GPUs
-    per node x `nodes`; `gpu_hour_cost` (`--gpu-hour-cost`, USD per GPU-hour) adds the money. Refuses (LaunchError)
-    what cannot be planned, in one sentence."""
+def check(tokens: float | None = None, epochs: float | None = None, dataset_tokens: float | None = None,
+          gpu_hour_cost: float | None = None, target_hours: float | None = None) -> float:
+    """The tokens to train: `tokens` (`--tokens`), or `epochs` (`--epochs`) x `dataset_tokens` (`--dataset-tokens`),
+    after checking every figure given (`--gpu-hour-cost`, `--target-hours` too), so that a command can refuse them
+    before it plans: LaunchError, one sentence."""
     if (tokens is None) == (epochs is None):
         raise LaunchError("give either --tokens N (tokens to train on) or --epochs E (passes over the dataset), "
                           "not both and not neither.")
     if epochs is not None:
         epochs = _number(epochs, "--epochs", "a positive, finite number of passes over the dataset")
         if dataset_tokens is None:
-            raise LaunchError(f"--epochs {epochs:g}: the dataset's token count is not known here; give --tokens N "
-                              "(the epochs x the dataset's tokens) instead.")
-        dataset_tokens = _number(dataset_tokens, "--dataset-tokens", "a positive, finite number of tokens")
-        tokens = epochs * dataset_tokens
+            raise LaunchError(f"--epochs {epochs:g}: the dataset's token count is not known here (a plan reads no "
+                              "data); give it with --dataset-tokens N, or give --tokens N (the epochs x the dataset's "
+                              "tokens) instead.")
+        tokens = epochs * _number(dataset_tokens, "--dataset-tokens", "a positive, finite number of tokens")
     tokens = _number(tokens, "--tokens", "a positive, finite number of tokens to train on")
     if gpu_hour_cost is not None:
-        gpu_hour_cost = _number(gpu_hour_cost, "--gpu-hour-cost", "a price in USD per GPU-hour, 0 or more", zero=True)
+        _number(gpu_hour_cost, "--gpu-hour-cost", "a price in USD per GPU-hour, 0 or more", zero=True)
+    if target_hours is not None:
+        _number(target_hours, "--target-hours", "a positive, finite number of hours")
+    return tokens
+
+
+def plan(tokens: float | None = None, *, epochs: float | None = None, dataset_tokens: float | None = None,
+         tokens_per_s_per_gpu: float, gpus: int, nodes: int = 1, band: tuple[float, float],
+         gpu_hour_cost: float | None = None) -> TrainingTime:
+    """The time and cost of training `tokens` (`--tokens`), or `epochs` (`--epochs`) of a dataset of `dataset_tokens`
+    tokens, at `tokens_per_s_per_gpu` (the prediction; its `band` as `launch.speed.error_band` gives it) on `gpus` GPUs
+    per node x `nodes`; `gpu_hour_cost` (`--gpu-hour-cost`, USD per GPU-hour) adds the money. Refuses (LaunchError)
+    what cannot be planned, in one sentence (`check`)."""
+    tokens = check(tokens, epochs, dataset_tokens, gpu_hour_cost)
     speed = _number(tokens_per_s_per_gpu, "the predicted speed", "a positive, finite tokens/s per GPU")
     if int(gpus) != gpus or gpus < 1 or int(nodes) != nodes or nodes < 1:
         raise LaunchError(f"{gpus} GPUs per node x {nodes} nodes: give whole numbers, 1 or more.")
-    return TrainingTime(tokens, speed, int(gpus), int(nodes), _check_band(band), gpu_hour_cost, epochs,
-                        dataset_tokens)
+    return TrainingTime(tokens, speed, int(gpus), int(nodes), _check_band(band),
+                        None if gpu_hour_cost is None else float(gpu_hour_cost),
+                        None if epochs is None else float(epochs),
+                        None if dataset_tokens is None or epochs is None else float(dataset_tokens))
 
 
 # ---- how many GPUs for a target time ------------------------------------------------------------------------------
