@@ -107,3 +107,21 @@ def test_the_gpu_is_detected_from_its_device_name(device, name):
 def test_no_gpu_is_detected_from_a_cpu_or_an_unknown_name():
     assert gpus.detect("cpu") is None and gpus.detect(None) is None and gpus.detect("Tesla K80") is None
 
+
+
+def test_a_run_plans_and_ranks_for_the_gpu_it_runs_on(monkeypatch):
+    """On a GPU machine the run's own plan (its preflight, --fastest, the bench report's prediction) is for the GPU
+    torch names, at that GPU's peak and rates, not the calibration H100's."""
+    from launch.config.options import Options
+    from launch.facts import hub
+    from launch.run import resolve, runner
+
+    setup = resolve.resolve(Options(recipe="lora"), progress=lambda *_: None)
+    model = hub.read_model_config("docs/model_configs/Qwen--Qwen3-8B")
+    monkeypatch.setattr(runner, "gpu_memory_gib", lambda: 139.8)
+    plan_ = runner.memory_plan(setup, model, 1, "NVIDIA H200")
+    assert plan_.target.gpu.name == "H200" and plan_.target.gpu_memory_gib == 139.8
+    h200 = throughput_model.predict(plan_.arch, plan_.run, gpu=plan_.target.gpu)
+    h100 = throughput_model.predict(plan_.arch, plan_.run)
+    assert h200.tokens_per_s_per_gpu > h100.tokens_per_s_per_gpu  # HBM3e's bandwidth; the same matmul peak
+    assert runner.memory_plan(setup, model, 1, "NVIDIA Some Future GPU").target.gpu is None

@@ -38,23 +38,25 @@ def say(msg: str) -> None:
 
 
 def gather_facts(setup) -> rules.Facts:
-    gpu_count = 0 if setup.options.cpu else gpu_info()[0]
+    gpu_count, names = (0, []) if setup.options.cpu else gpu_info()
     model = hub.read_model_config(setup.training.get("model_name_or_path"))
     return rules.Facts(
         versions=installed_versions(),
         gpu_count=gpu_count,
         model=model,
         missing_inputs=rules.missing_inputs(setup.training),
-        memory=memory_plan(setup, model, gpu_count),
+        memory=memory_plan(setup, model, gpu_count, names[0] if names else None),
     )
 
 
-def memory_plan(setup, model, gpu_count: int):
-    """The planner's view of this run on this machine: its GPUs' memory when it has GPUs (else the planner's default
-    target), its host memory. None when the model's architecture cannot be read."""
+def memory_plan(setup, model, gpu_count: int, gpu_name: str | None = None):
+    """The planner's view of this run on this machine: its GPUs' memory and model (the row of launch.facts.gpus torch's
+    device name `gpu_name` matches: its peak and rates for the throughput model) when it has GPUs, else the planner's
+    default target; its host memory. None when the model's architecture cannot be read."""
     if model.config is None:
         return None
     target = default_target(setup, gpu_memory_gib() if gpu_count else GPU_MEMORY_GIB, host_memory_gib())
+    target = dataclasses.replace(target, gpu=gpus.detect(gpu_name))
     try:
         return plan_memory(setup, target, model=model)
     except (LaunchError, TypeError, ValueError):  # an architecture the memory model does not know (e.g. MoE)
@@ -164,12 +166,11 @@ def fastest_setup(setup):
     the user's `--` ones (`Setup.with_fastest`). Returns (setup, the search or None)."""
     gpu_count, names = (0, []) if setup.options.cpu else gpu_info()
     model = hub.read_model_config(setup.training.get("model_name_or_path"))
-    plan = memory_plan(setup, model, gpu_count)
+    plan = memory_plan(setup, model, gpu_count, names[0] if names else None)
     if plan is None:
         say("--fastest: nothing chosen: the model's architecture was not read (the planner needs its config.json)")
         return setup, None
-    found = fastest.search(setup, plan, liger_installed=fastest.liger_on_this_machine(gpu_count),
-                           peak_flops=gpus.peak_bf16(names[0]) if names else None)
+    found = fastest.search(setup, plan, liger_installed=fastest.liger_on_this_machine(gpu_count))
     print(fastest.describe(found), flush=True)
     if found.chosen is None:
         say("--fastest: no candidate fits this machine; the run keeps its own settings")
@@ -397,8 +398,7 @@ def bench_report(setup, facts, folder: Path, quiet: bool = False) -> dict | None
     flops = predicted = None
     if plan is not None:
         try:
-            names = [] if setup.options.cpu else gpu_info()[1]
-            cost = throughput_model.predict(plan.arch, plan.run, gpus.peak_bf16(names[0]) if names else None)
+            cost = throughput_model.predict(plan.arch, plan.run, gpu=plan.target.gpu)
             flops, predicted = cost.flops, cost.tokens_per_s_per_gpu
         except (TypeError, ValueError, ZeroDivisionError):  # a shape the throughput model does not know
             pass
