@@ -172,9 +172,9 @@ def test_run_flags_keep_their_spelling():
     assert flags == {
         "-h", "--help", "--smoke", "--cpu", "--num-processes", "--dp-replicate-size", "--dp-shard-size", "--cp-size",
         "--sp-size", "--output-dir", "--max-steps", "--save-steps", "--resume", "--overwrite", "--hang-timeout",
-        "--force", "--bench", "--bench-steps", "--bench-warmup", "--synthetic", "--model", "--no-loss-sentinel",
-        "--fastest", "--dry-run", "--pure-bf16", "--num-machines", "--machine-rank", "--main-process-ip",
-        "--main-process-port",
+        "--gpu", "--force", "--bench", "--bench-steps", "--bench-warmup", "--synthetic", "--model",
+        "--no-loss-sentinel", "--fastest", "--dry-run", "--pure-bf16", "--num-machines", "--machine-rank",
+        "--main-process-ip", "--main-process-port",
         "--rendezvous-timeout"}
 
 

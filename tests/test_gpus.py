@@ -125,3 +125,15 @@ def test_a_run_plans_and_ranks_for_the_gpu_it_runs_on(monkeypatch):
     h100 = throughput_model.predict(plan_.arch, plan_.run)
     assert h200.tokens_per_s_per_gpu > h100.tokens_per_s_per_gpu  # HBM3e's bandwidth; the same matmul peak
     assert runner.memory_plan(setup, model, 1, "NVIDIA Some Future GPU").target.gpu is None
+
+
+def test_a_run_takes_gpu_too(capsys, tmp_path):
+    """`python -m launch RECIPE --gpu NAME`: the run's plan (here its dry run, on a machine without that GPU) is for
+    that GPU; a name of no row is refused while parsing, with the rows that come close."""
+    rc = main(["lora", "--gpu", "h200", "--dry-run", "--output-dir", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "GPU: H200 (141 GB HBM3e" in out and "GPU(s) of 139.4 GiB" in out
+    rc = main(["lora", "--gpu", "h2000", "--dry-run"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: argument --gpu: --gpu h2000: not a GPU of the table") and "H200" in err
+    assert ".." not in err and len(err.splitlines()) == 1

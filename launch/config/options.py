@@ -17,6 +17,7 @@ import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
 
 from launch.errors import LaunchError
+from launch.facts import gpus
 from launch.rank.measure import DEFAULT_WARMUP
 
 MESH_OPTIONS = ("dp_replicate", "dp_shard", "cp", "sp")  # the mesh dimensions a run may override (`--X-size`)
@@ -31,6 +32,16 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         raise LaunchError(f"{message}. See `{self.prog} --help`.")
+
+
+def gpu_model(name: str) -> str:
+    """--gpu NAME: a row of the GPU table (launch.facts.gpus.lookup), refused while parsing with the rows that come
+    close: a misspelt GPU would otherwise be planned as the calibration H100."""
+    try:
+        gpus.lookup(name)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).rstrip(".")) from None
+    return name
 
 
 def hang_timeout(value: str) -> float:
@@ -87,6 +98,9 @@ class Options:
     hang_timeout: float | None = option("stop the job when no rank made progress for this long (default: 60 for "
                                         "--smoke, 900 otherwise; at least 5 x the slowest step seen); `off` turns "
                                         "the watchdog off", type=hang_timeout, metavar="SECONDS|off")
+    gpu: str | None = option("plan and rank (--fastest) for this GPU model, a row of launch/facts/gpus.py as in "
+                             "`plan --gpu`; default: the GPU torch sees here (a CPU run: the calibration H100)",
+                             type=gpu_model, metavar="NAME")
     force: bool = option("start even when the planner predicts the run does not fit this machine's GPU or host "
                          "memory", default=False)
     bench: bool = option("measure step time, tokens/s per GPU, MFU and peak memory (after warm-up) into "

@@ -55,8 +55,11 @@ def memory_plan(setup, model, gpu_count: int, gpu_name: str | None = None):
     default target; its host memory. None when the model's architecture cannot be read."""
     if model.config is None:
         return None
-    target = default_target(setup, gpu_memory_gib() if gpu_count else GPU_MEMORY_GIB, host_memory_gib())
-    target = dataclasses.replace(target, gpu=gpus.detect(gpu_name))
+    # --gpu names the GPU to plan for (e.g. a dry run on a machine without it); its memory where this one has no GPU
+    named = gpus.lookup(setup.options.gpu) if setup.options.gpu else None
+    memory = gpu_memory_gib() if gpu_count else named.memory_gib if named else GPU_MEMORY_GIB
+    target = default_target(setup, memory, host_memory_gib())
+    target = dataclasses.replace(target, gpu=named or gpus.detect(gpu_name))
     try:
         return plan_memory(setup, target, model=model)
     except (LaunchError, TypeError, ValueError):  # an architecture the memory model does not know (e.g. MoE)
