@@ -4,6 +4,8 @@ smallest count that meets it, monotone in the target, a CP recipe refused with t
 
 from __future__ import annotations
 
+import json
+
 import math
 import re
 
@@ -132,3 +134,20 @@ def test_a_cp_recipe_is_refused_with_the_reason():
         training_time.gpus_for(0, 1e10, lambda g, n: 1, _layout("ddp"))
     with pytest.raises(LaunchError, match="--target-hours inf"):
         training_time.gpus_for(math.inf, 1e10, lambda g, n: 1, _layout("ddp"))
+
+
+def test_plan_prints_time_and_cost_and_its_json_holds_them(capsys):
+    """`plan RECIPE --tokens 1e9`: the time and GPU-hours at the predicted speed, with the error band; the JSON has
+    "error_band" and "training_time"; a cost or a target without a token count is refused."""
+    from launch.__main__ import main
+
+    assert main(["plan", "lora", "--gpus", "1", "--tokens", "1e9", "--gpu-hour-cost", "2.5"]) == 0
+    out = capsys.readouterr().out
+    assert "Time to train (the recipe's speed): 1e9 tokens:" in out and "GPU-hours" in out and "$" in out
+    assert "tokens/s (-12%/+9%) per GPU" in out
+    assert main(["plan", "lora", "--gpus", "1", "--tokens", "1e9", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"error_band", "training_time", "step_s", "communication", "gpu"} <= set(data)
+    assert data["error_band"]["low"] < 0 < data["error_band"]["high"]
+    assert main(["plan", "lora", "--gpus", "1", "--gpu-hour-cost", "2"]) == 2
+    assert "give --tokens N or --epochs E" in capsys.readouterr().err

@@ -18,11 +18,11 @@ import dataclasses
 import json
 import math
 
-from launch.speed import communication, fastest
+from launch.speed import communication, error_band, fastest, training_time
 from launch.speed import model as throughput_model
 from launch.checks import rules
 from launch.commands import command
-from launch.config.layout import processes_problem
+from launch.config.layout import Layout, processes_problem
 from launch.errors import LaunchError
 from launch.facts.hub import model_problem
 from launch.facts import gpus
@@ -63,6 +63,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--network-gbps", type=float, metavar="GBPS", default=communication.DEFAULT_NETWORK_GBPS,
                    help=f"the network between nodes, Gb/s per GPU, for the communication the predicted step waits "
                         f"for (default {communication.DEFAULT_NETWORK_GBPS:g}: one 400G NIC per GPU)")
+    p.add_argument("--tokens", type=float, metavar="N",
+                   help="also the time, GPU-hours (and with --gpu-hour-cost the money) to train N tokens at the "
+                        "predicted speed, with the throughput model's error band")
+    p.add_argument("--epochs", type=float, metavar="E",
+                   help="as --tokens, for E passes over the dataset: needs --dataset-tokens (a plan reads no data)")
+    p.add_argument("--dataset-tokens", type=float, metavar="N",
+                   help="the dataset's tokens per epoch, for --epochs (e.g. num_tokens in run_summary.json of a run "
+                        "over one epoch)")
+    p.add_argument("--gpu-hour-cost", type=float, metavar="USD", help="the price of one GPU-hour, for the money")
+    p.add_argument("--target-hours", type=float, metavar="H",
+                   help="the fewest GPUs that train --tokens / --epochs within H hours (data-parallel recipes)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", action="store_true",
                    help="also trace one training step of the real model under fake tensors (CPU, no memory used; "
@@ -88,6 +99,12 @@ def main(argv: list[str]) -> int:
         communication.check_network_gbps(ns.network_gbps)
     except ValueError as e:
         raise LaunchError(str(e)) from None
+    wants_time = ns.tokens is not None or ns.epochs is not None
+    if wants_time:  # refused before planning: --tokens, --epochs x --dataset-tokens, --gpu-hour-cost, --target-hours
+        training_time.check(ns.tokens, ns.epochs, ns.dataset_tokens, ns.gpu_hour_cost, ns.target_hours)
+    elif given := [f for f in ("--dataset-tokens", "--gpu-hour-cost", "--target-hours")
+                   if getattr(ns, f[2:].replace("-", "_")) is not None]:
+        raise LaunchError(f"{', '.join(given)}: give --tokens N or --epochs E (with --dataset-tokens) too.")
     try:  # refused before planning: a misspelt GPU would otherwise plan an H100
         gpu = gpus.lookup(ns.gpu) if ns.gpu else DEFAULT_GPU
     except ValueError as e:
@@ -129,11 +146,16 @@ def main(argv: list[str]) -> int:
                             network_gbps=ns.network_gbps) if ns.fastest else None
     # the recipe's own settings on the target: compute, the communication it waits for, the step
     cost = speed(plan, ns.network_gbps)
+    band = error_band.calibrated() if cost or search else None  # stored: the refits take seconds
+    when, count = time_to_train(ns, setup, plan, search, band) if wants_time else (None, None)
     # --fastest: the status a run with --fastest would have, which applies the fastest setting that fits
     status = (0 if search.chosen else 1) if search else (0 if plan.fits and (plan.longest or not auto) else 1)
     if ns.json:
         print(json.dumps({**plan.as_json(), **({"trace": traced[1]} if traced else {}),
                           **(speed_json(cost) if cost else {}),
+                          **({"error_band": error_band.summary_json(band)} if band else {}),
+                          **({"training_time": when.as_json()} if when else {}),
+                          **({"target_hours": count.as_json()} if count else {}),
                           **(search.as_json() if search else {})}, indent=2))
         return status
     print(plan.layout.describe())  # the run's layout at the planned length (with auto: the length found)
@@ -157,7 +179,49 @@ def main(argv: list[str]) -> int:
         elif not search.chosen and plan.fits:
             print("Exit status 1: the recipe's own settings fit, but only within the launcher's spare; no setting "
                   "--fastest may choose fits (a run with --fastest keeps the recipe's own).")
+    if cost:  # (--fastest: its choice's speed is in the table's last line)
+        print(f"Predicted: {error_band.format_speed(cost.tokens_per_s_per_gpu, band)} per GPU for the recipe's own "
+              "settings (the true speed may lie that far either side: the leave-one-out errors of the measured rows, "
+              "launch/speed/error_band.py)")
+    if when:
+        print(f"Time to train ({'the --fastest choice' if search and search.chosen else 'the recipe'}'s speed): "
+              + when.describe())
+    if count:
+        print(count.describe())
     return status
+
+
+def time_to_train(ns, setup, plan, search, band):
+    """--tokens / --epochs (--gpu-hour-cost, --target-hours): the time and cost to train at the predicted speed (the
+    --fastest choice's, else the recipe's own), and the fewest GPUs for a target time (None without
+    --target-hours)."""
+    chosen = search.chosen.cost if search and search.chosen else speed(plan, ns.network_gbps)
+    if chosen is None:
+        raise LaunchError("--tokens / --epochs need a predicted speed, which this plan has none of (a CPU run, or no "
+                          "length that fits).")
+    layout = plan.run.layout
+    when = training_time.plan(ns.tokens, epochs=ns.epochs, dataset_tokens=ns.dataset_tokens,
+                              tokens_per_s_per_gpu=chosen.tokens_per_s_per_gpu,
+                              gpus=layout.processes_per_machine, nodes=layout.num_machines, band=band,
+                              gpu_hour_cost=ns.gpu_hour_cost)
+    if ns.target_hours is None:
+        return when, None
+    run = search.chosen.plan.run if search and search.chosen else plan.run
+
+    def per_gpu_speed(per_node: int, nodes: int) -> float | None:
+        accelerate = {**setup.accelerate, "num_processes": per_node * nodes, "num_machines": nodes}
+        at = Layout.from_configs(accelerate, setup.training)
+        if processes_problem(at, accelerate):
+            return None
+        at = dataclasses.replace(at, per_device_train_batch_size=run.layout.per_device_train_batch_size,
+                                 gradient_accumulation_steps=run.layout.gradient_accumulation_steps,
+                                 max_length=run.layout.max_length)
+        return throughput_model.predict(plan.arch, dataclasses.replace(run, layout=at), gpu=plan.target.gpu,
+                                        network_gbps=ns.network_gbps).tokens_per_s_per_gpu
+
+    # whole nodes of the target's GPUs per node, 8 at least (--gpus 1 plans one GPU, not a node of one)
+    return when, training_time.gpus_for(ns.target_hours, when.tokens, per_gpu_speed, layout,
+                                        gpus_per_node=max(plan.target.gpus_per_node, 8), band=band)
 
 
 def speed(plan, network_gbps: float):

@@ -316,8 +316,8 @@ def describe(compute_s: float, found: Communication | None, world: int, nodes: i
     """The short block `plan` prints after its memory table: compute, exposed communication and the step per GPU,
     the collectives by size, and when communication-bound, what would change it."""
     if not found or not found.collectives:
-        return (f"Speed (predicted per GPU, launch/speed/model.py): compute {compute_s:.3f} s per step, "
-                f"{tokens_per_step / compute_s:,.0f} tokens/s per GPU; "
+        return (f"Speed (predicted per GPU, launch/speed/model.py): compute {compute_s:.3f} s per step "
+                f"({tokens_per_step:,} tokens per GPU); "
                 + ("no communication between GPUs (one process)." if world <= 1 else
                    "no collectives modelled for this run on this device."))
     net = found.network

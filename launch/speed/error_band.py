@@ -106,6 +106,24 @@ def band(extra: tuple[float, ...] = ()) -> tuple[float, float]:
     return min(errors), max(errors)
 
 
+def calibrated() -> tuple[float, float]:
+    """The band of the calibration rows as `calibration.ERROR_BAND` keeps it (what `band()` computes from them,
+    recomputed by tests/test_error_band.py), for a plan that must not pay the refits."""
+    return calibration.ERROR_BAND
+
+
+def summary_json(band_: tuple[float, float]) -> dict:
+    """`plan --json`'s "error_band": the band and the true speed's range relative to a prediction (each row's
+    leave-one-out error: `as_json`, `python -m launch.speed.error_band`)."""
+    low, high = band_
+    lower, higher = true_range(band_)
+    return {"low": round(low, 4), "high": round(high, 4), "true_speed_relative": [round(lower, 4), round(higher, 4)],
+            "how": "each measured row predicted by the throughput model's rates refitted without it (leave-one-out); "
+                   "error = predicted / measured tokens/s - 1; the true speed lies in [predicted / (1 + high), "
+                   "predicted / (1 + low)]; measured on an H100 SXM and TRL's published 1M-token run; the "
+                   "communication model and rates carried to other GPUs are not covered"}
+
+
 def true_range(band_: tuple[float, float]) -> tuple[float, float]:
     """Where the true value lies relative to the prediction, as fractions: (1 / (1 + high) - 1, 1 / (1 + low) - 1);
     (-0.115, 0.094): the true speed may be 11.5% lower or 9.4% higher than predicted."""
@@ -133,3 +151,9 @@ def as_json(extra: tuple[float, ...] = ()) -> dict:
                    "predicted / (1 + low)]; measured on an H100 SXM and TRL's published 1M-token run",
             "rows": [r.as_json() for r in leave_one_out()],
             **({"extra_errors": [round(e, 4) for e in extra]} if extra else {})}
+
+
+if __name__ == "__main__":  # each row's leave-one-out error, as JSON
+    import json
+
+    print(json.dumps(as_json(), indent=2))

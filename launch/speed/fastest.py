@@ -33,7 +33,7 @@ from typing import Callable
 
 from launch import memory
 from launch.facts import calibration, pins
-from launch.speed import model as throughput_model
+from launch.speed import error_band, model as throughput_model
 from launch.speed.communication import DEFAULT_NETWORK_GBPS
 from launch.facts.machine import installed_versions
 from launch.memory.terms import kernel_length_limits
@@ -362,6 +362,7 @@ def describe(found: Search) -> str:
     head = (f"  {'#':>2}  " + " ".join(f"{axis.column[0]:{axis.column[1]}}" for axis in SHOWN)
             + f"  {'peak GiB':>8}  {'fits':<4}  {'tokens/s/GPU':>12}  {'step s':>7}  {'MFU':>6}  {'causal':>6}  "
             f"{'HFU':>6}")
+    band = error_band.calibrated()
     lines.append(head)
     for i, c in enumerate(found.candidates, 1):
         mark = "  <- fastest that fits" if c is found.chosen else ""
@@ -382,14 +383,16 @@ def describe(found: Search) -> str:
         lines.append(f"  not #{found.candidates.index(c) + 1} ({c.settings.label()}): {why}")
     cost = found.chosen.cost
     lines.append(f"Fastest that fits: {found.chosen.settings.label()}; {found.chosen.plan.estimate.gpu_peak_gib:.1f} "
-                 f"GiB per GPU, {cost.tokens_per_s_per_gpu:,.0f} tokens/s per GPU predicted (MFU "
+                 f"GiB per GPU, {error_band.format_speed(cost.tokens_per_s_per_gpu, band)} per GPU predicted (MFU "
                  f"{100 * cost.utilization('model'):.1f}%, HFU {100 * cost.utilization('hardware'):.1f}%"
                  + (f", frozen-base MFU {100 * cost.utilization('frozen_base_causal'):.1f}% in NeMo's causal "
                     "convention" if "frozen_base_causal" in cost.flops else "") + ").")
     lines.append("MFU: 6N + 12 L H d S FLOPs per token (non-causal, recomputation not counted); causal: the attention "
                  "term halved; HFU: the MFU's FLOPs plus checkpointing's recomputed forward. Predicted, not measured: "
                  "calibrated on one H100 and TRL's published 1M-token run (launch/facts/calibration.py); communication "
-                 "between GPUs from bus bandwidths, not measured (docs/planning.md, Communication)."
+                 "between GPUs from bus bandwidths, not measured (docs/planning.md, Communication). tokens/s: the "
+                 "true speed may lie {:+.0%} / {:+.0%} from the prediction (each measured row predicted by rates "
+                 "refitted without it: launch/speed/error_band.py).".format(*error_band.true_range(band))
                  + (f" The {gpu.name}'s rates are the H100's carried by a stated rule (launch/speed/model.py rates_for:"
                     " fractions of the peak and issue time kept, bandwidth scaled by its memory bandwidth), not "
                     "measured on it." if gpu and gpu.name not in calibration.MEASURED_RATES else ""))
