@@ -27,8 +27,8 @@ from launch.rank import run_files  # names only
 CONVENTIONS = {
     "mfu": "non-causal: 6N + 12*L*H*d*S FLOPs per token (torchtitan, llm-foundry; recomputation not counted)",
     "mfu_causal": "causal-discounted: 6N + 6*L*H*d*S FLOPs per token (attention halved; TRL PR #6846)",
-    "hfu": "HFU: the non-causal MFU's FLOPs plus activation checkpointing's recomputed forward (2*N_layers + "
-           "4*L*H*d*S per token; launch/speed/model.py)",
+    "hfu": "HFU: what the GPU executes, the causal-discounted FLOPs plus activation checkpointing's recomputed "
+           "forward (2*N_layers + 2*L*H*d*S per token; launch/speed/model.py)",
     "mfu_frozen_base": "frozen base (NeMo Automodel's LoRA convention): the causal-discounted FLOPs x (2 + trainable / "
                        "frozen) / 3, no weight-gradient matmuls for the frozen base",
 }

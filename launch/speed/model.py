@@ -28,10 +28,11 @@ H100 SXM, and carry to another GPU by the rule of `rates_for` (the fractions and
 scaled by the GPU's memory bandwidth, the host link the GPU's), until that GPU has measured rates of its own.
 
 Reports (`flops_by_convention`) give each convention beside the others: the model FLOPs of the MFU (6N + 12 L H d S,
-non-causal, recomputation not counted: `launch.speed.measured`), the hardware FLOPs of the HFU (the model FLOPs plus
-checkpointing's recomputed forward), and for an adapter run the FLOPs a frozen base really costs: NeMo Automodel
-scales the full fine-tune's causal FLOPs by (2 + trainable / frozen) / 3 (no weight-gradient matmuls for the frozen
-base), so a LoRA row can be set against NeMo's published figure in its own convention.
+non-causal, recomputation not counted: `launch.speed.measured`), the hardware FLOPs of the HFU (what the GPU executes:
+the causal FLOPs, since the attention kernels skip the masked half, plus checkpointing's recomputed forward; so the HFU
+cannot pass the matmul ceiling the model itself runs at), and for an adapter run the FLOPs a frozen base really costs:
+NeMo Automodel scales the full fine-tune's causal FLOPs by (2 + trainable / frozen) / 3 (no weight-gradient matmuls for
+the frozen base), so a LoRA row can be set against NeMo's published figure in its own convention.
 """
 
 from __future__ import annotations
@@ -212,17 +213,20 @@ class StepCost:
 def flops_by_convention(arch: Architecture, run: RunShape) -> dict:
     """FLOPs per token in each convention (see the module docstring): "model" (6N + 12 L H d S, the MFU's:
     `launch.speed.measured.flops_per_token`, N every matmul parameter), "model_causal" (attention halved), "hardware"
-    (the model's plus checkpointing's recomputed forward: 2 N_layers + 4 L H d S, and a tiled MLP's 2 N_mlp),
+    (what the GPU executes: the causal FLOPs plus checkpointing's recomputed forward, 2 N_layers + 2 L H d S, and a
+    tiled MLP's 2 N_mlp; the non-causal count would credit the GPU with the masked half of attention, which SDPA's
+    and FlashAttention's causal kernels skip, and put a long-context HFU above what the matmuls can run at),
     "executed" (what the GPU runs: `_kernels`); for an adapter run also "frozen_base" and "frozen_base_causal" (NeMo's:
     x (2 + trainable / frozen) / 3)."""
     mfu_args = (flops_params(arch), arch.num_layers, arch.num_attention_heads, arch.head_dim, run.layout.max_length)
     out = {"model": flops_per_token(*mfu_args), "model_causal": flops_per_token(*mfu_args, causal=True)}
     attention = 2 * (out["model"] - out["model_causal"])  # 12 L H d S, what the causal convention halves
-    recompute = (2 * arch.num_layers * arch.matmul_params_per_layer + attention / 3) if run.gradient_checkpointing \
+    # the recomputed forward: its matmuls (2 N_layers) and its causal attention (a sixth of the non-causal 12 L H d S)
+    recompute = (2 * arch.num_layers * arch.matmul_params_per_layer + attention / 6) if run.gradient_checkpointing \
         else 0.0
     if run.tiled_mlp:
         recompute += 2 * arch.num_layers * arch.mlp_params_per_layer
-    out["hardware"] = out["model"] + recompute
+    out["hardware"] = out["model_causal"] + recompute
     kernels = _micro_batch_kernels(arch, run)
     out["executed"] = sum(k.count * k.flops for k in kernels) / run.layout.tokens_per_rank
     if run.adapter is not None:
