@@ -5,14 +5,15 @@ costs to issue (a roofline with a floor):
 
     kernel time = max(FLOPs / (peak x MATMUL_FRACTION_OF_PEAK) + bytes / MEMORY_BOUND_BYTES_PER_S, KERNEL_ISSUE_S)
     step time   = sum over the step's kernels + offloaded bytes / HOST_LINK_BYTES_PER_S
+                  + an offloaded optimizer's host bytes / HOST_MEMORY_BYTES_PER_S_PER_GPU
 
 - The kernels are counted from the code the run executes (`Op` tables below: transformers 5.23's modules in eager
-  PyTorch, Liger 0.8.5's Triton kernels, PEFT 0.21's LoRA layer, TRL 1.16's fused LM head, torch's fused AdamW, FSDP2's
-  parameter copies), per layer and pass: forward, the forward again where activation checkpointing recomputes it (and
-  DeepSpeed's tiled MLP its MLP), backward. GEMMs carry their FLOPs (no weight gradients for a frozen base; causal
-  attention at half the formula's, the kernel skips the masked blocks); the other kernels the bytes they read and
-  write. Liger's kernels replace several unfused ones (an RMSNorm reads and writes its rows once instead of through
-  eight kernels): what turning Liger on buys is counted, not fitted.
+  PyTorch, Liger 0.8.5's Triton kernels, PEFT 0.21's LoRA layer, TRL 1.16's fused LM head, torch's fused AdamW,
+  FSDP2's parameter copies, autocast's casts of fp32 weights), per layer and pass: forward, the forward again where
+  activation checkpointing recomputes it (and DeepSpeed's tiled MLP its MLP), backward. GEMMs carry their FLOPs (no
+  weight gradients for a frozen base; causal attention at half the formula's, the kernel skips the masked blocks); the
+  other kernels the bytes they read and write. Liger's kernels replace several unfused ones (an RMSNorm reads and
+  writes its rows once instead of through eight kernels): what turning Liger on buys is counted, not fitted.
 - The constants are calibration (`launch.facts.calibration`): the matmul fraction measured on an H100; the memory-bound
   bandwidth and the per-kernel issue time, two constants fitted together to the measured rows (`fit`). The issue
   floor is what makes small micro-batches and small models slower per token: their kernels are too short to hide
@@ -22,7 +23,8 @@ With more than one process the step adds the communication it waits for (`launch
 strategy's collectives, their time at the links' bus bandwidth, what the layers' compute hides of them):
 step = compute + exposed communication. One process has none: its prediction is the compute alone.
 
-Not modelled, and said where it matters: an optimizer stepped on the host (DeepSpeed's CPU Adam), dataloading.
+An optimizer stepped on the host (DeepSpeed's CPU Adam under optimizer offload) adds its host-memory traffic at a
+stated bandwidth per GPU, exposed (`host_step_bytes`). Not modelled, and said where it matters: dataloading.
 The peak is the target GPU's dense BF16 peak (`launch.facts.gpus`); the rates were measured on the calibration GPU, an
 H100 SXM, and carry to another GPU by the rule of `rates_for` (the fractions and the issue time kept, the bandwidth
 scaled by the GPU's memory bandwidth, the host link the GPU's), until that GPU has measured rates of its own.
@@ -123,6 +125,34 @@ FSDP_REDUCE = (4, 12, 3)
 # reduction bucket (2 + 2).
 ZERO3_GATHER_BYTES = 4
 ZERO_REDUCE_BYTES = 4
+# Autocast's casts of fp32 weights (DDP or one process loaded in fp32 under bf16 autocast: `Precision.autocast_copies`).
+# torch's autocast casts a matmul's fp32 weight to bf16 (`cached_cast`, aten/src/ATen/autocast_mode.cpp) and caches
+# the cast of a leaf that requires grad until the outermost autocast region exits (torch/amp/autocast_mode.py
+# `__exit__`: `clear_autocast_cache` when the nesting drops to 0). Accelerate's autocast wraps the model's forward,
+# so each decoder weight is cast once per forward; the backward runs outside it and reuses the bf16 copy autograd
+# saved, but the cast's own backward (ToCopyBackward0) converts the bf16 weight gradient to fp32; checkpointing's
+# recomputed forward runs in an autocast region of its own (torch/utils/checkpoint.py) and casts its layer's weights
+# again. Each cast reads 4 and writes 2 bytes per weight element, the gradient's reads 2 and writes 4, one kernel a
+# weight. TRL's fused LM head casts the head's weight itself, tile by tile, in the forward and again in the backward.
+CAST_BYTES = 4 + 2
+# The host's optimizer step under optimizer offload (DeepSpeed's ZeRO-Offload, DeepSpeedCPUAdam), bytes of host
+# memory per parameter of the rank's shard: Adam reads the fp32 master, gradient and two moments (4 x 4) and writes
+# the master and the moments (3 x 4); before it, the step converts the bf16 gradient partition the backward
+# offloaded (stage3.py `grad_partitions_flat_buffer`, in the accumulation dtype) to the fp32 gradient (2 + 4); with
+# the parameters offloaded too, their bf16 partitions live on the host and the update is copied into them there
+# (stage3.py `_reassign_or_swap_out_partitioned_parameters`, 4 + 2).
+HOST_ADAM_BYTES = 4 * 4 + 3 * 4
+HOST_GRAD_CAST_BYTES = 2 + 4
+HOST_PARAM_COPY_BYTES = 4 + 2
+# Host memory bandwidth per GPU, NOT measured here: an NVIDIA DGX H100
+# (https://www.nvidia.com/en-us/data-center/dgx-h100/) has two Xeon Platinum 8480C, each with 8 channels of DDR5-4800
+# (Intel's data sheet: 8 x 38.4 GB/s), 614 GB/s for 8 GPUs: 76.8 GB/s a GPU. Accelerate gives each rank its share of
+# the host's cores (OMP_NUM_THREADS = physical cores / processes), so a rank's CPU Adam streams at about its share; at
+# the data sheet's peak the host step's time is a lower bound. Nothing of it overlaps the GPU's work: DeepSpeed runs
+# it in `step()` after the backward (overlap_comm, on by default for ZeRO-3, overlaps the gradients' reduction and
+# offload with the backward, not the CPU Adam; ZeRO-Offload's one-step delayed parameter update, arXiv 2101.06840,
+# is not in DeepSpeed's ZeRO-3 config), so it adds to the step, exposed.
+HOST_MEMORY_BYTES_PER_S_PER_GPU = 2 * 8 * 38.4e9 / 8
 
 
 @dataclass(frozen=True)
@@ -310,7 +340,29 @@ def _micro_batch_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
     if frozen and run.adapter.quantization is not None:
         for _parent, fan_in, fan_out in arch.linear_layers().values():
             out.append(Kernels(L * (fwd + 1), bytes=QLORA_DEQUANT_BYTES * fan_in * fan_out))
-    return out + _sharded_kernels(arch, run)
+    return out + autocast_cast_kernels(arch, run) + _sharded_kernels(arch, run)
+
+
+def autocast_cast_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
+    """The casts of one micro-batch that bf16 autocast makes of fp32 weights (see CAST_BYTES): a full fine-tune whose
+    trainable parameters are the fp32 masters (`Precision.autocast_copies`: DDP or one process loaded in fp32); none
+    where FSDP's param_dtype or DeepSpeed's 16-bit module hands the matmuls bf16 weights, or in pure bf16. Each
+    decoder weight once per forward pass (checkpointing's recomputed forward casts again) and its gradient once back;
+    the LM head's weight tile by tile in the forward and the backward. (An adapter's own casts are tiny: not counted;
+    a frozen base is cast only if loaded in fp32, which no recipe does.)"""
+    if not run.precision.autocast_copies or run.adapter is not None:
+        return []
+    from launch.memory.constants import TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK
+
+    L, fwd = arch.num_layers, _passes(run)[0]
+    out = []
+    for _parent, fan_in, fan_out in arch.linear_layers().values():
+        out.append(Kernels(L * (fwd + 1), bytes=CAST_BYTES * fan_in * fan_out))
+    T, V, H = run.layout.tokens_per_rank, arch.vocab_size, arch.hidden_size
+    vocab_tiles = math.ceil(V / TRL_VOCAB_CHUNK)
+    tiles = math.ceil(T / TRL_TOKEN_CHUNK) * vocab_tiles
+    out.append(Kernels(2 * tiles, bytes=CAST_BYTES * V * H / vocab_tiles))
+    return out
 
 
 def _lm_head_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
@@ -347,7 +399,7 @@ def _sharded_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
 def _step_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
     """The kernels once per optimizer step: gradient accumulation's adds (micro-batches after the first, one kernel
     per parameter tensor), the optimizer step and gradient clipping (fused, bandwidth-bound). An optimizer in host
-    memory steps there: not counted."""
+    memory steps there: `host_step_bytes`."""
     from launch.memory.terms import param_bytes  # the trained dtype, one source
 
     layout = run.layout
@@ -383,8 +435,21 @@ def host_link_bytes(arch: Architecture, run: RunShape) -> float:
     if layout.offload_params:
         total += 2 * 2 * arch.num_params / W * layout.gradient_accumulation_steps
     if layout.offload_optimizer:
-        total += 2 * 2 * adapters.trainable_params(arch, run) / W
+        # each micro-batch's bf16 gradient partition down into the host's accumulation buffer and back up for its
+        # norm (stage3.py `partition_grads`); the updated bf16 parameters up, unless they live on the host too
+        shard = adapters.trainable_params(arch, run) / W
+        total += 2 * 2 * shard * layout.gradient_accumulation_steps + (0 if layout.offload_params else 2 * shard)
     return total
+
+
+def host_step_bytes(arch: Architecture, run: RunShape) -> float:
+    """Bytes of host memory the optimizer step moves on the host under optimizer offload (HOST_ADAM_BYTES and its
+    neighbours: Adam over the rank's shard, the gradient's conversion, the offloaded parameters' update); 0 without."""
+    layout = run.layout
+    if not layout.offload_optimizer:
+        return 0.0
+    per = HOST_ADAM_BYTES + HOST_GRAD_CAST_BYTES + (HOST_PARAM_COPY_BYTES if layout.offload_params else 0)
+    return per * adapters.trainable_params(arch, run) / layout.shard_group
 
 
 def step_kernels(arch: Architecture, run: RunShape) -> list[tuple[Kernels, int]]:
@@ -394,14 +459,19 @@ def step_kernels(arch: Architecture, run: RunShape) -> list[tuple[Kernels, int]]
     return [(k, steps) for k in _micro_batch_kernels(arch, run)] + [(k, 1) for k in _step_kernels(arch, run)]
 
 
-def step_seconds(groups: list[tuple[Kernels, int]], host_bytes: float, peak: float, rates: Rates) -> dict:
-    """The step's time by part: "matmul" (GEMMs and attention), "memory-bound", "kernel issue", "host link"."""
+def step_seconds(groups: list[tuple[Kernels, int]], host_bytes: float, peak: float, rates: Rates,
+                 host_step: float = 0.0) -> dict:
+    """The step's time by part: "matmul" (GEMMs and attention), "memory-bound", "kernel issue", "host link", and
+    with an optimizer on the host "host optimizer" (`host_step` bytes at HOST_MEMORY_BYTES_PER_S_PER_GPU)."""
     parts = [0.0, 0.0, 0.0]
     for kernels, times in groups:
         for i, s in enumerate(rates.seconds(kernels, peak)):
             parts[i] += s * times
-    return {"matmul": parts[0], "memory-bound": parts[1], "kernel issue": parts[2],
-            "host link": host_bytes / rates.host_link}
+    out = {"matmul": parts[0], "memory-bound": parts[1], "kernel issue": parts[2],
+           "host link": host_bytes / rates.host_link}
+    if host_step:
+        out["host optimizer"] = host_step / HOST_MEMORY_BYTES_PER_S_PER_GPU
+    return out
 
 
 def rates_for(gpu: gpus.GPU | None) -> Rates:
@@ -436,7 +506,8 @@ def predict(arch: Architecture, run: RunShape, peak_flops: float | None = None, 
     has none."""
     peak = peak_flops or (gpu.peak_bf16 if gpu else gpus.CALIBRATION_PEAK)
     rates = rates or (rates_for(gpu) if gpu else Rates())
-    seconds = step_seconds(step_kernels(arch, run), host_link_bytes(arch, run), peak, rates)
+    seconds = step_seconds(step_kernels(arch, run), host_link_bytes(arch, run), peak, rates,
+                           host_step_bytes(arch, run))
     found = None
     if comm.collectives(arch, run):
         found = comm.communication(arch, run, compute_windows(arch, run, peak, rates),
@@ -502,12 +573,12 @@ def fit(rows=None) -> Rates:
     prepared = []
     for row in rows:
         arch, run = row_run(row)
-        prepared.append((row, step_kernels(arch, run), host_link_bytes(arch, run)))
+        prepared.append((row, step_kernels(arch, run), host_link_bytes(arch, run), host_step_bytes(arch, run)))
     short = [p for p in prepared if not p[0].long_context]
     long = [p for p in prepared if p[0].long_context]
 
     def time(p, rates: Rates) -> float:
-        return sum(step_seconds(p[1], p[2], p[0].peak_flops or gpus.CALIBRATION_PEAK, rates).values())
+        return sum(step_seconds(p[1], p[2], p[0].peak_flops or gpus.CALIBRATION_PEAK, rates, p[3]).values())
 
     def loss(rates: Rates) -> float:
         return sum(math.log(time(p, rates) / p[0].step_s) ** 2 for p in short)
