@@ -5,7 +5,7 @@
   `rules-cp` / `rules-sp`, the rules a CP / SP configuration must keep, from `launch.checks.rules`; `fits-on`, the
   planner's line for the recipe's own hardware) and in the repository's pages, README.md and docs/*.md (PAGE_GENERATORS:
   `recipe-table` from the recipe folders, `floors` from launch/'s imports, `timings` from docs/timings.json,
-  `gpu-table` from launch/facts/gpus.py).
+  `gpu-table` from launch/facts/gpus.py, `published-runs` from benchmarks/published_runs.json, each row planned).
 
 `python -m launch sync-scripts` rewrites them; `check()` (run by tests/test_recipe_layout.py in CI) names every copy
 or block that differs from what the code generates.
@@ -20,11 +20,13 @@ from pathlib import Path
 
 from launch import REPO_ROOT, memory
 from launch.catalog import floors
-from launch.facts import gpus, hub
+from launch.facts import calibration, gpus, hub
 from launch.recipe import copies
 from launch.catalog.table import recipe_rows
-from launch.memory.plan import default_target, plan_memory
-from launch.config.options import Options
+from launch.memory.plan import DEFAULT_GPU, Target, default_target, plan_memory
+from launch.config.options import Options, Parser, add_options, split_extra, values_from
+from launch.speed import communication, model as throughput_model
+from launch.speed.error_band import format_speed
 from launch.recipe.discovery import RECIPES_DIR, find_recipe, recipe_dirs, recipe_names
 from launch.run.resolve import resolve
 from launch.checks.rules import RULES
@@ -207,9 +209,65 @@ def gpu_table(body=None) -> str:
     return "\n".join(lines) + "\n"
 
 
+PUBLISHED_RUNS = REPO_ROOT / "benchmarks" / "published_runs.json"
+
+
+def plan_published(command: list[str]):
+    """The planner on `python -m launch plan COMMAND`'s target and settings, in process and as `plan` does it (its
+    options `--gpus`, `--nodes`, `--gpu`, `--gpu-memory`, `--network-gbps`, `--model`, the mesh sizes, and training
+    arguments after `--`), with the recipe's own environment: (memory plan, predicted step or None). Raises what
+    `plan` refuses with (LaunchError, argparse's SystemExit)."""
+    p = Parser(prog="published run")
+    add_options(p, ("recipe", "model", "mesh"))
+    p.add_argument("--gpus", type=int)
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpu")
+    p.add_argument("--gpu-memory", type=float)
+    p.add_argument("--network-gbps", type=float, default=communication.DEFAULT_NETWORK_GBPS)
+    own, extra = split_extra(command)
+    ns = p.parse_args(own)
+    gpu = gpus.lookup(ns.gpu) if ns.gpu else DEFAULT_GPU
+    options = Options(**values_from(ns, ("recipe", "model", "mesh")), extra=extra,
+                      num_machines=ns.nodes if ns.nodes > 1 or ns.gpus else None,
+                      num_processes=ns.gpus * ns.nodes if ns.gpus else None)
+    setup = resolve(options, progress=lambda *_: None)
+    target = Target(ns.gpus or setup.layout.processes_per_machine, ns.nodes,
+                    ns.gpu_memory if ns.gpu_memory is not None else gpu.memory_gib, None, gpu)
+    plan = plan_memory(setup, target, environ={})
+    cost = throughput_model.predict(plan.arch, plan.run, gpu=gpu, network_gbps=ns.network_gbps) \
+        if plan.run.layout.max_length else None
+    return plan, cost
+
+
+def published_runs(body=None) -> str:
+    """docs/planning.md's table of published multi-GPU runs (benchmarks/published_runs.json), each row's command
+    planned in process and its predicted tokens/s per GPU set beside the published figure."""
+    rel = PUBLISHED_RUNS.relative_to(REPO_ROOT)
+    lines = [f"Generated from `{rel}` (each row's source, published figure, conversion and assumptions) by planning "
+             "each row's command in process as `python -m launch plan COMMAND` does; predicted with the throughput "
+             "model's error band (`launch/speed/error_band.py`); error = predicted / published - 1.", "",
+             "| row | command | predicted per GPU | published (tokens/s per GPU) | error | fitted on it | source |",
+             "|---|---|---|---|---|---|---|"]
+    for row in json.loads(PUBLISHED_RUNS.read_text())["rows"]:
+        plan, cost = plan_published(row["command"])
+        published = row["published_tokens_per_s_per_gpu"]
+        command = "python -m launch plan " + " ".join(f'"{a}"' if " " in a else a for a in row["command"])
+        if cost:
+            predicted = cost.tokens_per_s_per_gpu
+            cells = f"{format_speed(predicted, calibration.ERROR_BAND)} | {published:,.0f} | " \
+                    f"{predicted / published - 1:+.1%}"
+        else:  # reported, not hidden
+            cells = f"no prediction | {published:,.0f} | "
+        fit = "" if plan.fits else " (planned not to fit)"
+        lines.append(f"| {row['label']}{fit} | `{command}` | {cells} | {'yes' if row['fitted'] else 'no'} | "
+                     f"{row['source']} |")
+    return "\n".join(lines) + "\n"
+
+
 # name -> function(the block as it stands when checking, None when syncing) -> the block's text
 PAGE_GENERATORS = {
     "gpu-table": gpu_table,
+    "published-runs": published_runs,
     "recipe-table": recipe_table,
     "floors": lambda body: floors.floor_table(),
     "timings": timings,
