@@ -5,7 +5,6 @@ checkpoint for --resume."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -14,10 +13,9 @@ import sys
 import time
 from collections import namedtuple
 
-import psutil
 import pytest
 
-from helpers.launcher import REPO, explain, launch_in_process, test_env
+from helpers.launcher import REPO, explain, launch_in_process, leftover_processes, test_env
 from launch.config import envvars
 from launch.results import outdir
 from launch.run import checkpoints
@@ -102,16 +100,6 @@ def fault_time(log: str) -> float:
     return float(found.group(1))
 
 
-def _leftovers(marker: str) -> list[str]:
-    """Processes whose command line still mentions this test's output folder."""
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if marker in cmd and p.pid != os.getpid():
-            found.append(f"{p.pid}: {cmd[:200]}")
-    return found
-
-
 @pytest.mark.slow
 # FSDP2 is resumed under CP (ring-cp-2gpu): the same Accelerate FSDP2 save and load of the model, optimizer and
 # RNG states as plain fsdp2 (both Accelerate configs: FULL_STATE_DICT), plus CP's data position; a separate plain fsdp2
@@ -135,7 +123,7 @@ def test_a_dying_rank_ends_the_job_and_resume_continues_identically(recipe, tmp_
     # measured from the rank's death, not from the start: start-up on a loaded machine says nothing about this
     died = fault_time(RunFolder(out).log.read_text())
     assert 0 <= ended - died < DEADLINE_S, f"the job ended {ended - died:.0f}s after rank 1 died"
-    assert _leftovers(str(out)) == []
+    assert leftover_processes(str(out)) == []
 
     resume_equals_the_uninterrupted_run(recipe, out, tmp_path, smoke_runs)
 
@@ -176,7 +164,7 @@ def test_a_hanging_rank_is_named_and_the_job_stopped(tmp_path):
     hung = fault_time(RunFolder(out).log.read_text())  # from the hang, not from the start
     assert 0 <= ended - hung < 8 + 30 + 30, f"the job ended {ended - hung:.0f}s after rank 1 hung"
     assert json.loads(RunFolder(out).summary.read_text())["stopped_by"].startswith("hang: rank 1")
-    assert _leftovers(str(out)) == []
+    assert leftover_processes(str(out)) == []
 
 
 @pytest.mark.slow
@@ -205,7 +193,7 @@ def test_ctrl_c_stops_every_rank_keeps_the_checkpoint_and_resume_continues_ident
     assert f"last complete checkpoint: {RunFolder(out).checkpoint(3)}" in rest and "--resume" in rest
     assert RunFolder(RunFolder(out).checkpoint(3)).trainer_state.is_file()
     time.sleep(1)
-    assert _leftovers(str(out)) == []
+    assert leftover_processes(str(out)) == []
     resume_equals_the_uninterrupted_run("ddp", out, tmp_path, smoke_runs)
 
 

@@ -20,7 +20,7 @@ import threading
 
 import pytest
 
-from helpers.launcher import HARNESS, REPO, test_env
+from helpers.launcher import HARNESS, REPO, leftover_processes, test_env
 from launch.results import outdir
 from launch.run import command, interrupt, supervise
 from launch.__main__ import main
@@ -189,18 +189,6 @@ def _read_until(proc: subprocess.Popen, wanted: str, count: int = 1, timeout: fl
     return seen
 
 
-def _leftovers(marker: str) -> list[str]:
-    """Processes whose command line still mentions this test's output folder (the launcher's job and ranks)."""
-    import psutil
-
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if marker in cmd and p.pid != os.getpid():
-            found.append(f"{p.pid}: {cmd[:200]}")
-    return found
-
-
 STOP_LINE = re.compile(r"^\[launch\] stopped \(Ctrl-C\) after step (\d+): (.*) \(the full log: (.*)\)$", re.M)
 
 
@@ -231,7 +219,7 @@ def test_ctrl_c_while_training_is_a_stop_with_one_line_and_status_130(tmp_path):
     assert summary["verdict"] == {"passed": None,
                                   "reason": f"stopped (Ctrl-C) after step {line.group(1)}: not judged"}
     assert "SignalException" in folder.log.read_text()  # torchrun's traceback: in the log, not on the console
-    assert _leftovers(str(out)) == []
+    assert leftover_processes(str(out)) == []
     assert not folder.lock(0).exists()
 
 
@@ -256,5 +244,5 @@ def test_a_second_ctrl_c_while_the_ranks_stop_kills_them_and_still_exits_130(tmp
     assert "Traceback" not in text and "SignalException" not in text and interrupt.LINE not in text, rest[-3000:]
     summary = json.loads(outdir.RunFolder(out).summary.read_text())
     assert summary["exit_status"] == interrupt.STATUS and summary["outcome"] == "stopped"
-    assert _leftovers(str(out)) == []
+    assert leftover_processes(str(out)) == []
     assert not outdir.RunFolder(out).lock(0).exists()

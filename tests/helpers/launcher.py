@@ -142,3 +142,16 @@ def shows(rule_fn):
 
 def explain(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout (tail)\n{proc.stdout[-4000:]}\n--- stderr (tail)\n{proc.stderr[-4000:]}"
+
+
+def leftover_processes(marker: str) -> list[str]:
+    """Processes whose command line still mentions `marker` (a test's output folder: the launcher's job and ranks),
+    this process excepted: a stopped or failed run must leave none."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if marker in cmd and p.pid != os.getpid():
+            found.append(f"{p.pid}: {cmd[:200]}")
+    return found
