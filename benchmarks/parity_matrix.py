@@ -377,7 +377,8 @@ def markdown(report: dict) -> str:
         source = tol["source"] if "proposed" not in tol else f"none in the suite (proposed, note {len(notes) + 1})"
         if "proposed" in tol:
             notes.append(f"{row['family']} {row['precision']} {row['accumulation']}: {tol['proposed']}")
-        result = row["status"] + (f": {row['note']}" if row.get("note") else "")
+        note = (row.get("note") or "").removeprefix(f"{row['status']}: ")
+        result = row["status"] + (f": {note}" if note else "")
         cell = lambda s: s.replace("|", "\\|")  # noqa: E731
         lines.append(f"| {row['family']} | {row['precision']} | {row['accumulation']} "
                      f"| {cell(row.get('compares', ''))} "
