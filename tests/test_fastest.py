@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -159,6 +160,7 @@ def test_a_run_that_only_fits_with_checkpointing_keeps_it(capsys):
     assert any(not c["activation_checkpointing"] and "needs" in c["why_not"] for c in faster)
 
 
+@functools.cache  # the GPU defaults, the figures and the HFU tests of a recipe share its search (read only)
 def _search(name: str):
     """The search as `plan RECIPE --fastest` runs it: the recipe's GPU defaults on the GPUs its README names."""
     recipe_model = resolve(Options(recipe=name), progress=lambda *_: None).training["model_name_or_path"]
