@@ -445,6 +445,13 @@ REFUSED = [
      "transformers ignores the deprecated `gradient_checkpointing` whenever `activation_checkpointing` is set"),
     ("no-gradient-checkpointing-ignored", "alst-ulysses-8gpu --smoke --cpu -- --no_gradient_checkpointing", "none", 2,
      "`-- --activation_checkpointing false`"),
+    # partial checkpointing: 1 to L layers, and only where something checkpoints
+    ("checkpointing-layers-without-checkpointing", "ddp --smoke --cpu -- --activation_checkpointing false "
+     "--checkpointing_layers 1", "none", 2, "but this run checkpoints none"),
+    ("checkpointing-layers-zero", "ddp --smoke --cpu -- --checkpointing_layers 0", "none", 2,
+     "the number of decoder layers to checkpoint is 1 or more"),
+    ("checkpointing-layers-past-the-model", "ddp --smoke --cpu -- --checkpointing_layers 3", "none", 2,
+     "is more than the model's 2 decoder layers"),
     # a key written twice in a YAML file the launcher reads
     ("duplicated-key-in-config-yaml", "{recipe} --smoke --cpu --dry-run", "duplicate_key", 2,
      "the key `accelerate_config` is given twice, on lines"),

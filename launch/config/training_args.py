@@ -111,6 +111,9 @@ class Checkpointing:
     fsdp: bool = False  # FSDP's own: `fsdp_activation_checkpointing` in an FSDP config's fsdp_config
     fsdp_offload: bool = False  # its `fsdp_activation_checkpointing_offload`
     by: str = "transformers"  # who checkpoints when the run does: "transformers" or "FSDP" (`checkpointing()`)
+    # of the model's decoder layers, how many either checkpoints (the first ones: launch/rank/partial_checkpointing.py,
+    # the recipe key `checkpointing_layers`); None: all of them
+    layers: int | None = None
 
     @property
     def offload(self) -> bool:
@@ -119,7 +122,7 @@ class Checkpointing:
 
     @property
     def on(self) -> bool:
-        """Whether every decoder layer is checkpointed, by either."""
+        """Whether decoder layers are checkpointed, by either: every one, or the first `layers`."""
         return self.enabled or self.fsdp
 
     @property
@@ -143,22 +146,24 @@ def checkpointing(values: dict, accelerate: dict | None = None) -> Checkpointing
     `accelerate`: the Accelerate config (None: not FSDP). Under FSDP its `fsdp_activation_checkpointing` (and
     `_offload`) is FSDP's own checkpointing. Who checkpoints (`by`): FSDP when its own is on, or when nothing
     checkpoints and the config is FSDP2 without an adapter (FSDP's own is that family's way; an adapter cannot use it:
-    the rules refuse fsdp_activation_checkpointing with an adapter); else transformers."""
+    the rules refuse fsdp_activation_checkpointing with an adapter); else transformers. `layers`: the recipe's
+    `checkpointing_layers` (rules.checkpointing_layers_valid checks it against the model)."""
     new = values.get("activation_checkpointing")
     enabled = bool(new if new is not None else values.get("gradient_checkpointing", True))  # TRL's default
     kwargs = values.get("activation_checkpointing_kwargs")
     if kwargs is None:
         kwargs = values.get("gradient_checkpointing_kwargs")
     name = "activation_checkpointing" if new is not None else "gradient_checkpointing"
+    layers = values.get("checkpointing_layers")
     accelerate = accelerate or {}
     if accelerate.get("distributed_type") != "FSDP":
-        return Checkpointing(enabled, dict(kwargs or {}), name)
+        return Checkpointing(enabled, dict(kwargs or {}), name, layers=layers)
     fsdp_config = accelerate.get("fsdp_config") or {}
     fsdp = is_on(fsdp_config.get(FSDP_CHECKPOINTING, False))
     fsdp2 = int(fsdp_config.get("fsdp_version") or 1) == 2
     by = "FSDP" if fsdp or (not enabled and fsdp2 and Adapter.from_training(values) is None) else "transformers"
     return Checkpointing(enabled, dict(kwargs or {}), name, fsdp,
-                         fsdp and is_on(fsdp_config.get(FSDP_CHECKPOINTING_OFFLOAD, False)), by)
+                         fsdp and is_on(fsdp_config.get(FSDP_CHECKPOINTING_OFFLOAD, False)), by, layers)
 
 
 def alias_ignored(values: dict, explicit: dict[str, tuple[int, str]]) -> list[tuple[str, str, str]]:

@@ -37,6 +37,14 @@ class RecipeArguments:
     synthetic_rows: int | None = field(default=None, metadata={
         "help": "Rows of a synthetic run (made when read). Default: enough for max_steps on every process."})
     save_final: bool = field(default=True, metadata={"help": "Save the final model in OUTPUT_DIR/final (--bench: no)."})
+    checkpointing_layers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Partial activation checkpointing: checkpoint only the first k of the model's decoder layers, the "
+            "others keep their activations (less recomputation, more memory), under transformers' checkpointing or "
+            "FSDP2's own. Default: all of them. Which layers and why: launch/rank/partial_checkpointing.py."
+        },
+    )
 
 
 def main(script_args, training_args, model_args, dataset_args, recipe_args):
@@ -91,6 +99,12 @@ def main(script_args, training_args, model_args, dataset_args, recipe_args):
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
     )
+
+    if recipe_args.checkpointing_layers is not None:
+        # Needs this repository importable, as launch.cpu does (what upstream does not do: the module's docstring)
+        from launch.rank.partial_checkpointing import checkpoint_first_layers
+
+        checkpoint_first_layers(trainer, recipe_args.checkpointing_layers)
 
     # `python -m launch` watches the ranks from outside: per-rank heartbeats (a rank that stops making progress is
     # named and the job stopped) and, with --bench, step times, tokens and memory. It asks through LAUNCH_MONITOR_DIR;

@@ -53,3 +53,40 @@ def checkpointing_not_twice(setup, facts: Facts):
             "`fsdp_activation_checkpointing: false` in the Accelerate config."
         )
     return None
+
+
+@rule()
+def checkpointing_layers_with_checkpointing(setup, facts: Facts):
+    # `checkpointing_layers` (templates/train.py's RecipeArguments) limits whoever checkpoints to the first k layers
+    # (launch/rank/partial_checkpointing.py): without checkpointing it would silently do nothing
+    ckpt = setup.checkpointing
+    if ckpt.layers is None:
+        return None
+    where = setup.explicit.get("checkpointing_layers", (0, "the training arguments"))[1]
+    if ckpt.layers < 1:
+        return (f"`checkpointing_layers: {ckpt.layers}` ({where}): the number of decoder layers to checkpoint is 1 "
+                "or more (leave it unset to checkpoint all of them, or turn checkpointing off with "
+                "`activation_checkpointing: false`).")
+    if not ckpt.on:
+        return (f"`checkpointing_layers: {ckpt.layers}` ({where}) limits checkpointing to the first "
+                f"{ckpt.layers} decoder layers, but this run checkpoints none: turn it on (`-- "
+                "--activation_checkpointing true`, or `fsdp_activation_checkpointing: true` in an FSDP2 config), or "
+                "leave checkpointing_layers unset.")
+    if ckpt.fsdp and int((setup.accelerate.get("fsdp_config") or {}).get("fsdp_version") or 1) != 2:
+        return (f"`checkpointing_layers: {ckpt.layers}` ({where}) with FSDP1's own checkpointing "
+                "(fsdp_activation_checkpointing): Accelerate wraps every layer inside `prepare_model` there, which "
+                "the ranks cannot limit; use FSDP2 (fsdp_version: 2), or transformers' checkpointing "
+                "(`activation_checkpointing: true`, `fsdp_activation_checkpointing: false`).")
+    return None
+
+
+@rule(needs_model=True, applies=lambda setup: (setup.checkpointing.layers or 0) > 0)
+def checkpointing_layers_within_the_model(setup, facts: Facts):
+    layers = int(getattr(facts.model_config, "num_hidden_layers", 0) or 0)
+    k = setup.checkpointing.layers
+    if layers and k > layers:
+        where = setup.explicit.get("checkpointing_layers", (0, "the training arguments"))[1]
+        return (f"`checkpointing_layers: {k}` ({where}) is more than the model's {layers} decoder layers "
+                f"(num_hidden_layers in {setup.training.get('model_name_or_path')}'s config.json): give 1 to "
+                f"{layers}, or leave it unset to checkpoint all of them.")
+    return None
