@@ -112,13 +112,15 @@ def test_the_callback_counts_tokens_marks_and_writes_after_warmup(tmp_path):
     assert info["device"] == "cpu" and info["warmup"] == 2 and info["sync_every_step"] is False
     assert [s["step"] for s in info["steps"]] == list(range(3, 15))  # warm-up steps 1-2 not measured
     assert all(s["tokens"] == 2 * 3 * 5 for s in info["steps"])  # every micro-batch's input_ids, through the hook
+    assert all(s["real_tokens"] == 30 for s in info["steps"])  # no attention_mask: every token is real
     # marks: the first measured step's start, every 10 measured steps, the last step
     assert [m["steps"] for m in info["marks"]] == [0, 10, 12]
-    assert info["marks"][-1]["tokens"] == 12 * 30
+    assert info["marks"][-1]["tokens"] == info["marks"][-1]["real_tokens"] == 12 * 30
     assert info["memory"]["peak_rss_gib"] > 0
     summary = throughput.summarize(tmp_path)
     assert summary["overall"]["timing"] == "synchronised marks"
     assert summary["overall"]["tokens_per_s_per_gpu"] == pytest.approx(360 / info["marks"][-1]["time_s"])
+    assert summary["overall"]["padding_fraction"] == 0
 
 
 def test_the_callback_costs_little_per_step(tmp_path):
@@ -300,7 +302,10 @@ def test_the_callback_records_attention_backend_checkpointing_and_liger_from_the
                            use_liger_kernel=False, activation_offloading=False)
     plain_run = measure.measure_callback(tmp_path / "plain", warmup=0, sync_every_step=False)
     plain_run.on_train_begin(args, SimpleNamespace(global_step=0, max_steps=2), None, model=model)
-    assert not model._forward_pre_hooks and plain_run.setup["sdpa_backend"] is None  # no probe outside --bench
+    # no probe outside --bench: the model's one pre-hook is the non-pad token count
+    assert list(model._forward_pre_hooks.values()) == [plain_run._count_real]
+    assert plain_run.setup["sdpa_backend"] is None
+    plain_run.on_train_end(args, SimpleNamespace(global_step=0, max_steps=2), None)
     cb = measure.measure_callback(tmp_path, warmup=0, sync_every_step=True)  # --bench
     state = SimpleNamespace(global_step=0, max_steps=2)
     cb.on_train_begin(args, state, None, model=model)

@@ -25,7 +25,7 @@ from launch.commands import command
 from launch.config.layout import Layout, processes_problem
 from launch.errors import LaunchError
 from launch.facts.hub import model_problem
-from launch.facts import gpus
+from launch.facts import dataset, gpus
 from launch.memory.plan import DEFAULT_GPU, GPU_MEMORY_GIB, Target, describe, plan_memory, trace_plan
 from launch.config.options import Options, Parser, add_options, split_extra, values_from
 from launch.run.resolve import resolve
@@ -132,7 +132,11 @@ def main(argv: list[str]) -> int:
     # what the run's preflight refuses in the model's config (a plan reads no weights: as a synthetic run)
     if problem := model_problem(setup.training.get("model_name_or_path"), synthetic=True):
         raise LaunchError(problem)
-    plan = plan_memory(setup, target, auto=auto)
+    # the dataset's token lengths when it is reachable offline (measured once, cached): the row length the batches
+    # peak at and their real-token share; else the plan's rows are full max_length ones
+    data = dataset.profile(setup.training)
+    measured = data if isinstance(data, dataset.Profile) else None
+    plan = plan_memory(setup, target, auto=auto, data=measured)
     if auto and not plan.longest and not ns.json:  # (--json: "fits": false, "max_length": 0)
         print(f"Nothing fits: even {plan.multiple:,} tokens (the shortest length this layout takes) need more than "
               f"{ns.gpu_memory:g} GiB per GPU" + (f" or {ns.host_memory:g} GiB of host memory per node"
@@ -151,13 +155,14 @@ def main(argv: list[str]) -> int:
     # --fastest: the status a run with --fastest would have, which applies the fastest setting that fits
     status = (0 if search.chosen else 1) if search else (0 if plan.fits and (plan.longest or not auto) else 1)
     if ns.json:
-        print(json.dumps({**plan.as_json(), **({"trace": traced[1]} if traced else {}),
+        print(json.dumps({**plan.as_json(), "dataset": data.as_json(), **({"trace": traced[1]} if traced else {}),
                           **(speed_json(cost) if cost else {}),
                           **({"error_band": error_band.summary_json(band)} if band else {}),
                           **({"training_time": when.as_json()} if when else {}),
                           **({"target_hours": count.as_json()} if count else {}),
                           **(search.as_json() if search else {})}, indent=2))
         return status
+    print(data.describe())
     print(plan.layout.describe())  # the run's layout at the planned length (with auto: the length found)
     print(plan.run.precision.describe())  # what the bytes per parameter come from (launch.config.precision)
     print(describe(plan))
@@ -183,6 +188,10 @@ def main(argv: list[str]) -> int:
         print(f"Predicted: {error_band.format_speed(cost.tokens_per_s_per_gpu, band)} per GPU for the recipe's own "
               "settings (the true speed may lie that far either side: the leave-one-out errors of the measured rows, "
               "launch/speed/error_band.py)")
+        if cost.useful_tokens_per_s_per_gpu is not None:
+            print(f"  of which non-pad: {cost.useful_tokens_per_s_per_gpu:,.0f} tokens/s per GPU (x "
+                  f"{cost.real_token_share:.1%} real tokens per planned row: the dataset's "
+                  f"{'packing fill' if measured.packing else 'padding'})")
     if when:
         print(f"Time to train ({'the --fastest choice' if search and search.chosen else 'the recipe'}'s speed): "
               + when.describe())
@@ -240,7 +249,9 @@ def speed_json(cost) -> dict:
     (compute, exposed communication, step), "communication_bound" and the predicted tokens/s per GPU."""
     return {"communication": cost.communication.as_json() if cost.communication else [],
             "step_s": cost.step_json(), "communication_bound": cost.communication_bound,
-            "predicted_tokens_per_s_per_gpu": round(cost.tokens_per_s_per_gpu, 1)}
+            "predicted_tokens_per_s_per_gpu": round(cost.tokens_per_s_per_gpu, 1),
+            **({"predicted_useful_tokens_per_s_per_gpu": round(cost.useful_tokens_per_s_per_gpu, 1)}
+               if cost.useful_tokens_per_s_per_gpu is not None else {})}
 
 
 def layout_refused(setup, found: tuple[str, str], ns) -> str:

@@ -125,7 +125,7 @@ def input_problem(name: str | None, kind: str) -> str | None:
         return f"the {kind} {'folder ' if kind == 'model' else ''}{name} does not exist"
     if problem := repo_id_problem(name):
         return f"{key} `{name}`: {problem}"
-    if offline() and not _in_hub_cache(name, kind):
+    if offline() and not in_hub_cache(name, kind):
         return (f"offline (HF_HUB_OFFLINE) and the {kind} {name} is not in the Hugging Face cache ({_cache_dir()}); "
                 f"download it on a machine that is online, or point {key} at a local copy")
     return None
@@ -147,7 +147,8 @@ def _cache_dir() -> str:
     return constants.HF_HUB_CACHE
 
 
-def _in_hub_cache(repo_id: str, repo_type: str) -> bool:
+def in_hub_cache(repo_id: str, repo_type: str) -> bool:
+    """Whether the Hugging Face cache holds a snapshot of the repository (`repo_type` "model" or "dataset")."""
     from huggingface_hub.file_download import repo_folder_name
 
     return (Path(_cache_dir()) / repo_folder_name(repo_id=repo_id, repo_type=repo_type)).is_dir()

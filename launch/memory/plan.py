@@ -157,14 +157,20 @@ class MemoryPlan:
 
 
 def plan_memory(setup, target: Target, auto: bool = False, model: hub.ModelConfig | None = None,
-                environ=None) -> MemoryPlan:
+                environ=None, data=None) -> MemoryPlan:
     """The memory plan of a resolved run on `target`; with `auto`, at the longest global length that fits (a
     multiple of the layout's `seq_multiple`). `model`: its config.json when the caller has read it already;
     `environ`: the environment the ranks inherit (default this process's; the README lines plan the recipe alone).
-    Raises LaunchError when the model's config.json cannot be read."""
+    `data`: the dataset's measured length profile (`launch.facts.dataset.Profile`): the run is planned at the row
+    length its batches peak at (a padded batch's longest row; a packed row's max_length) and carries its real-token
+    share; without it, at max_length. Raises LaunchError when the model's config.json cannot be read."""
     model = model if model is not None else hub.read_model_config(setup.training.get("model_name_or_path"))
     arch = architecture(model)
     run = run_shape(setup, environ)
+    if data is not None:
+        run = replace(run, real_token_share=data.real_share)
+        if not auto:
+            run = run.with_length(data.peak_length(run.layout.seq_multiple))
     longest = None
     if auto:
         multiple = run.layout.seq_multiple

@@ -96,6 +96,10 @@ class RunShape:
     expandable_segments: bool = False
     # `--synthetic` (launch.rank.synthetic): random weights built whole on each GPU, before any sharding
     synthetic: bool = False
+    # the share of a planned row's tokens that are real, not padding (launch.facts.dataset: the measured dataset's
+    # packing fill or 1 - its padding fraction); None unmeasured. Memory ignores it; the throughput model turns its
+    # tokens/s into useful tokens/s with it
+    real_token_share: float | None = None
 
     def __post_init__(self):
         if not self.layout.max_length:

@@ -5,6 +5,10 @@
 enough for every run:
 - tokens: a forward pre-hook on the input embeddings adds each micro-batch's `input_ids.numel()` (a shape, no
   device sync; padding counts; under CP/SP each rank counts its own shard);
+- non-pad tokens: a forward pre-hook on the model reads the batch the Trainer passes (`real_tokens`): the sum of a
+  padded batch's `attention_mask`, or for a padding-free batch (packing, `padding_free`) every token, less the tail
+  that `pad_to_multiple_of` adds (read off `position_ids`). Summed on the device, read at the synchronised marks:
+  no extra sync;
 - time: `time.perf_counter()` at every step end (no sync), and one `torch.cuda.synchronize()` at the start of the
   first measured step, every `SYNC_EVERY` (10) measured steps and at the last step's end. The overall tokens/s and
   MFU come from those synchronised marks, so they are the GPU's time; the per-step times between two marks are the
@@ -65,8 +69,11 @@ def measure_callback(folder: Path, warmup: int, sync_every_step: bool | None = N
             self.marks: list[dict] = []  # synchronised: measured steps so far, seconds since the first, tokens
             self.tokens = 0  # tokens of the current step
             self.total_tokens = 0  # over the measured steps
+            self.real = 0  # non-pad tokens of the current step (a device tensor until the next mark)
+            self.total_real = 0
+            self.pad_multiple = None  # pad_to_multiple_of
             self.t_start = self.t_last = self.t_begin = None
-            self.hook = None
+            self.hook = self.real_hook = None
             self.memory: dict = {}
             self.device: dict = {}  # name and power limit, read once
             self.setup: dict = {}  # attention, SDPA backend, checkpointing, Liger (run_setup)
@@ -75,6 +82,9 @@ def measure_callback(folder: Path, warmup: int, sync_every_step: bool | None = N
             embeddings = model.get_input_embeddings() if model is not None else None
             if embeddings is not None:
                 self.hook = embeddings.register_forward_pre_hook(self._count)
+                self.real_hook = model.register_forward_pre_hook(self._count_real, with_kwargs=True)
+            multiple = getattr(args, "pad_to_multiple_of", None)
+            self.pad_multiple = multiple if isinstance(multiple, int) and multiple > 1 else None
             self.setup = run_setup(args, model)
             if model is not None and sync_every_step:  # --bench only: a plain run's first forward stays untouched
                 _probe_sdpa(model, self.setup)
@@ -83,9 +93,15 @@ def measure_callback(folder: Path, warmup: int, sync_every_step: bool | None = N
             if inputs and hasattr(inputs[0], "numel") and module.training:
                 self.tokens += int(inputs[0].numel())
 
+        def _count_real(self, module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if module.training and hasattr(ids, "numel"):
+                self.real = self.real + real_tokens(ids, kwargs, self.pad_multiple)
+
         def on_step_begin(self, args, state, control, **kwargs):
             self.seen += 1
             self.tokens = 0
+            self.real = 0
             if self.seen == warmup + 1:  # the first measured step
                 sync()
                 if cuda:
@@ -106,13 +122,16 @@ def measure_callback(folder: Path, warmup: int, sync_every_step: bool | None = N
             elapsed = now - (self.t_begin if sync_every_step else self.t_last)
             self.t_last = now
             self.total_tokens += self.tokens
-            self.steps.append({"step": state.global_step, "time_s": elapsed, "tokens": self.tokens})
+            self.total_real = self.total_real + self.real
+            self.steps.append({"step": state.global_step, "time_s": elapsed, "tokens": self.tokens,
+                               "real_tokens": self.real})
             if len(self.steps) % SYNC_EVERY == 0 or (state.max_steps and state.global_step >= state.max_steps):
                 self._mark()  # (the last step's mark here: on_train_end comes after the Trainer's closing work)
 
         def on_train_end(self, args, state, control, **kwargs):
             if self.hook is not None:
                 self.hook.remove()
+                self.real_hook.remove()
             if self.t_start is not None and self.marks[-1]["steps"] < len(self.steps):
                 self._mark()
             else:
@@ -121,13 +140,15 @@ def measure_callback(folder: Path, warmup: int, sync_every_step: bool | None = N
         def _mark(self):
             sync()
             self.marks.append({"steps": len(self.steps), "time_s": time.perf_counter() - self.t_start,
-                               "tokens": self.total_tokens})
+                               "tokens": self.total_tokens, "real_tokens": int(self.total_real)})
             self.memory = _memory_now(cuda)
             self._write()
 
         def _write(self):
             if not self.device:
                 self.device = {"device": _device_name(), "power_limit_w": _power_limit_w()}
+            for step in self.steps:  # the device sums, read after the mark's sync (or at the end)
+                step["real_tokens"] = int(step["real_tokens"])
             info = {"rank": rank, "warmup": warmup, **self.device, "setup": self.setup,
                     "sync_every_step": sync_every_step, "steps": self.steps, "marks": self.marks,
                     "memory": self.memory or _memory_now(cuda)}
@@ -151,6 +172,24 @@ def measure_callback(folder: Path, warmup: int, sync_every_step: bool | None = N
         return out
 
     return MeasureCallback()
+
+
+def real_tokens(ids, kwargs: dict, pad_multiple: int | None):
+    """The non-pad tokens of a micro-batch whose `input_ids` are `ids`, from the model's keyword arguments, as a
+    device tensor (no sync) or an int: a padded batch's `attention_mask` summed; a padding-free batch (no mask; rows
+    concatenated, TRL's packing or `padding_free`) is all real, but for the tail `pad_to_multiple_of` pads it with:
+    each row's tokens up to the last with a non-zero position id (a last sequence of one token would count as that
+    pad). A mask of another shape (4-D, or the whole sequence where CP sharded the ids): every token counted."""
+    mask = kwargs.get("attention_mask")
+    if mask is not None and getattr(mask, "shape", None) == ids.shape:
+        return mask.sum()
+    positions = kwargs.get("position_ids")
+    if mask is None and pad_multiple and getattr(positions, "shape", None) == ids.shape:
+        import torch
+
+        index = torch.arange(1, positions.shape[-1] + 1, device=positions.device)
+        return ((positions != 0) * index).amax(dim=-1).sum()
+    return ids.numel()
 
 
 def run_setup(args, model) -> dict:

@@ -374,6 +374,9 @@ def _run(setup, cmd, facts, sentinel_env: dict, found=None, finishing=None) -> i
     summary["bench"] = bench_report(setup, facts, folder.bench, quiet=stopped)
     # the job's tokens/s after warm-up, all processes together: the figure the bench's console line prints
     summary["tokens_per_second"] = summary["bench"]["overall"]["tokens_per_s"] if summary["bench"] else None
+    # of them the real ones, counted from each batch's attention mask (or position ids when padding-free)
+    summary["non_pad_tokens_per_second"] = summary["bench"]["overall"]["non_pad_tokens_per_s"] \
+        if summary["bench"] else None
     if line := tracking.dashboard_line(setup):
         say(line)
     summary["loss_sentinel"] = sentinel.read_verdict(monitor_dir) if sentinel_env else None

@@ -95,7 +95,9 @@ def summarize(folder: Path, arch=None, seq_len: int | None = None, flops: dict |
         step_time = max(row["time_s"] for row in rows)  # the step ends when the slowest rank ends it
         tokens_per_gpu = sum(row["tokens"] for row in rows) / len(rows)
         tps = tokens_per_gpu / step_time if step_time else 0.0
+        real = _real(rows, len(rows))
         per_step.append({"step": rows[0]["step"], "time_s": step_time, "tokens_per_s_per_gpu": tps,
+                         "non_pad_tokens_per_s_per_gpu": real / step_time if real is not None and step_time else None,
                          "mfu": mfu(tps, fpt, peak) if fpt else None,
                          "mfu_causal": mfu(tps, fpt_causal, peak) if fpt_causal else None})
 
@@ -106,12 +108,17 @@ def summarize(folder: Path, arch=None, seq_len: int | None = None, flops: dict |
         at = [next(x for x in m if x["steps"] == common) for m in marked]
         total_time = max(x["time_s"] for x in at)
         total_tokens = sum(x["tokens"] for x in at) / len(at)
+        total_real = _real(at, len(at))
         measured_steps, timing = common, "synchronised marks"
     else:
         total_time = sum(s["time_s"] for s in per_step)
         total_tokens = sum(sum(r["steps"][i]["tokens"] for r in ranks) / len(ranks) for i in range(n_steps))
+        reals = [_real([r["steps"][i] for r in ranks], len(ranks)) for i in range(n_steps)]
+        total_real = None if None in reals else sum(reals)
         measured_steps, timing = len(per_step), "sum of per-step times"
     tps = total_tokens / total_time if total_time else None
+    # the non-pad tokens the ranks counted (launch.rank.measure.real_tokens); None from ranks that counted none
+    real_tps = total_real / total_time if total_real is not None and total_time else None
 
     per_rank = []
     for r in ranks:
@@ -137,6 +144,9 @@ def summarize(folder: Path, arch=None, seq_len: int | None = None, flops: dict |
         "step_time_s_mean": total_time / measured_steps if measured_steps else None,
         "tokens_per_s_per_gpu": tps,
         "tokens_per_s": tps * len(ranks) if tps is not None else None,  # the job's: all ranks together
+        "non_pad_tokens_per_s_per_gpu": real_tps,
+        "non_pad_tokens_per_s": real_tps * len(ranks) if real_tps is not None else None,
+        "padding_fraction": 1 - total_real / total_tokens if total_real is not None and total_tokens else None,
         "seq_len": seq_len,
         "flops_per_token": fpt,
         "flops_per_token_causal": fpt_causal,
@@ -163,6 +173,12 @@ def summarize(folder: Path, arch=None, seq_len: int | None = None, flops: dict |
         "ranks": len(ranks),
     }
     return {"overall": overall, "per_step": per_step, "per_rank": per_rank}
+
+
+def _real(rows: list[dict], n: int) -> float | None:
+    """The non-pad tokens per rank of a step's (or a mark's) rows; None if a rank did not count them."""
+    values = [row.get("real_tokens") for row in rows]
+    return None if None in values else sum(values) / n
 
 
 def prediction(estimate) -> dict | None:
@@ -247,6 +263,11 @@ def format_report(summary: dict, per_step: bool = True) -> str:
         # tokens_per_s: the figure run_summary.json also holds as `tokens_per_second` (launch.run.runner)
         lines.append(f"  overall: {median}{o['tokens_per_s']:.1f} tokens/s ({o['tokens_per_s_per_gpu']:.1f} per "
                      f"{unit}{expected}), {mfu_text}")
+        if o.get("non_pad_tokens_per_s") is not None:
+            lines.append(f"  non-pad: {o['non_pad_tokens_per_s']:.1f} tokens/s "
+                         f"({o['non_pad_tokens_per_s_per_gpu']:.1f} per {unit}); padding "
+                         f"{_pct(o['padding_fraction'])} of the tokens processed (counted per micro-batch from "
+                         "its attention_mask, or its position_ids when padding-free)")
     if mfu_shown:  # the conventions of the figures above; an omitted MFU has none to explain
         lines.append(f"  MFU {o['mfu_convention']}")
         lines.append(f"  MFU {o.get('mfu_causal_convention', CONVENTIONS['mfu_causal'])}")

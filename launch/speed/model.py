@@ -198,6 +198,9 @@ class StepCost:
     flops: dict  # per token: "model", "model_causal", "hardware", "executed", ["frozen_base", "frozen_base_causal"]
     peak_flops: float
     communication: comm.Communication | None = field(default=None, compare=False)
+    # the share of the step's tokens that are real (`RunShape.real_token_share`: the measured dataset's padding or
+    # packing fill); None unmeasured: every planned token counted as real
+    real_token_share: float | None = field(default=None, compare=False)
 
     @property
     def compute_s(self) -> float:
@@ -223,6 +226,12 @@ class StepCost:
     def tokens_per_s_per_gpu(self) -> float:
         return self.tokens_per_step_per_gpu / self.step_s
 
+    @property
+    def useful_tokens_per_s_per_gpu(self) -> float | None:
+        """The non-pad tokens/s: all tokens/s x the real share. The step is predicted at the planned row length (a
+        padded run's longest row), so for shorter batches this errs low (their attention costs less per token)."""
+        return None if self.real_token_share is None else self.tokens_per_s_per_gpu * self.real_token_share
+
     def utilization(self, key: str = "model") -> float:
         """FLOPs per token (`flops[key]`) x predicted tokens/s / the GPU's peak: `model` is the MFU (non-causal),
         `hardware` the HFU, `frozen_base_causal` NeMo's LoRA convention."""
@@ -231,6 +240,8 @@ class StepCost:
     def as_json(self) -> dict:
         return {"step_s": round(self.step_s, 4), "tokens_per_step_per_gpu": self.tokens_per_step_per_gpu,
                 "tokens_per_s_per_gpu": round(self.tokens_per_s_per_gpu, 1),
+                **({"useful_tokens_per_s_per_gpu": round(self.useful_tokens_per_s_per_gpu, 1)}
+                   if self.real_token_share is not None else {}),
                 "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
                 "mfu": round(self.utilization("model"), 4), "hfu": round(self.utilization("hardware"), 4),
                 **({"mfu_frozen_base_causal": round(self.utilization("frozen_base_causal"), 4)}
@@ -515,7 +526,7 @@ def predict(arch: Architecture, run: RunShape, peak_flops: float | None = None, 
     exposed = found.exposed if found else 0.0
     return StepCost(sum(seconds.values()) + exposed,
                     run.layout.tokens_per_rank * run.layout.gradient_accumulation_steps,
-                    seconds, flops_by_convention(arch, run), peak, found)
+                    seconds, flops_by_convention(arch, run), peak, found, run.real_token_share)
 
 
 def compute_windows(arch: Architecture, run: RunShape, peak: float, rates: Rates) -> dict:
