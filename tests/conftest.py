@@ -16,3 +16,28 @@ def smoke_runs(tmp_path_factory) -> SmokeRuns:
     session finds them (SmokeRuns locks each run, so a worker that needs a run another is making waits for it)."""
     base = tmp_path_factory.getbasetemp()
     return SmokeRuns((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "smoke-runs")
+
+
+# ---- the long tier ----------------------------------------------------------------------------------------------
+# Tests marked `long` start more training processes than CI's budget allows on every commit; `bash ci/long.sh` runs
+# them (`--long -m long`) and writes docs/long-tests-receipt.json, which CI checks for this tree
+# (tests/test_long_receipt.py). Without --long they are deselected, and the run's summary says how many.
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true",
+                     help="also run the tests marked long (bash ci/long.sh runs only those: --long -m long)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--long"):
+        return
+    long_items = [item for item in items if item.get_closest_marker("long")]
+    if long_items:
+        config.hook.pytest_deselected(items=long_items)
+        items[:] = [item for item in items if not item.get_closest_marker("long")]
+        config._long_deselected = len(long_items)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if getattr(config, "_long_deselected", 0):
+        terminalreporter.write_line(f"{config._long_deselected} long tests deselected: `bash ci/long.sh` runs them "
+                                    "(or pytest --long); CI checks their receipt, docs/long-tests-receipt.json")

@@ -34,7 +34,7 @@ from launch.config import smoke
 from launch.results.outdir import RunFolder
 from launch.recipe.discovery import RECIPES_DIR
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 STEPS = 6
 # the ddp recipe's own learning rate (zero1/2/3 and fsdp2 train at the same 2e-5)

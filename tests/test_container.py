@@ -414,6 +414,7 @@ def test_setup_sh_gpu_modes_check_their_inputs_before_installing(tmp_path):
         assert proc.returncode == 2 and proc.stderr.startswith("usage: bash ci/setup.sh"), (bad, proc.stderr)
 
 
+@pytest.mark.long
 def test_a_bundle_downloads_hash_checked_and_installs_offline_on_the_machines_torch(tmp_path):
     """The real thing on a tiny subset (needs the package index): `--bundle DIR setuptools liger-kernel` downloads
     the two wheels for this Python, each checked against image.lock's hashes; `--from DIR` then sets up a venv on top

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from helpers.common import free_port
 
 SCRIPT = textwrap.dedent("""
@@ -51,11 +53,13 @@ def _run(mode: str, **env) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.long
 def test_deepspeed_compiles_the_shm_op_at_init_without_the_fix():
     proc = _run("upstream")
     assert proc.returncode != 0 and "DeepSpeed tried to compile deepspeed_shm_comm" in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.long
 def test_the_fix_starts_deepspeed_without_compiling_the_op():
     proc = _run("fix")
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -24,7 +24,7 @@ import pytest
 
 from helpers.launcher import REPO, free_port
 
-pytestmark = pytest.mark.slow  # four processes, three Accelerator set-ups: ~60 s on 2 busy cores
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # four processes, three Accelerator set-ups: ~60 s on 2 busy cores
 
 WORLD = 4
 # dims divisible by 4: every shard of dim 0 is exactly 1/4 (FSDP2 pads uneven shards; here none are uneven)

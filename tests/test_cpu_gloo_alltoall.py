@@ -60,6 +60,7 @@ def _run(install_fix: bool) -> dict:
         return dict(results)
 
 
+@pytest.mark.long
 def test_differentiable_all_gather_backward_in_subgroups_on_gloo():
     results = _run(install_fix=True)
     assert sorted(results) == list(range(WORLD_SIZE)), results
@@ -75,6 +76,7 @@ def test_differentiable_all_gather_backward_in_subgroups_on_gloo():
         torch.testing.assert_close(torch.tensor(grad), torch.full((3,), 2.0 * GROUP_SIZE * (member + 1)))
 
 
+@pytest.mark.long
 def test_pytorch_still_needs_the_fix():
     """When this fails, PyTorch's gloo all-to-all handles subgroups itself: drop launch/cpu/gloo_alltoall.py."""
     results = _run(install_fix=False)

@@ -146,6 +146,7 @@ AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}  #
 EMULATION_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")
 
 
+@pytest.mark.long
 def test_bf16_steps_are_bitwise_identical_under_emulated_cpus_with_the_pin_only():
     pin = portable_bf16.rank_env(BF16_CPU_RUN)
     if not pin:

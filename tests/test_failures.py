@@ -101,6 +101,9 @@ def fault_time(log: str) -> float:
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 # FSDP2 is resumed under CP (ring-cp-2gpu): the same Accelerate FSDP2 save and load of the model, optimizer and
 # RNG states as plain fsdp2 (both Accelerate configs: FULL_STATE_DICT), plus CP's data position; a separate plain fsdp2
 # case (two more launches, ~25 s of CI's 15-minute budget) was dropped for that reason.
@@ -151,6 +154,9 @@ def resume_equals_the_uninterrupted_run(recipe, out, tmp_path, smoke_runs):
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_a_hanging_rank_is_named_and_the_job_stopped(tmp_path):
     """Rank 1 stops making progress (alive, silent) after step 3: the watchdog stops the job within the hang timeout
     (+ the 30 s SIGTERM grace at most) and names rank 1."""
@@ -168,6 +174,9 @@ def test_a_hanging_rank_is_named_and_the_job_stopped(tmp_path):
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_ctrl_c_stops_every_rank_keeps_the_checkpoint_and_resume_continues_identically(tmp_path, smoke_runs):
     """DDP: Ctrl-C while rank 0 hangs after step 5 stops every rank, keeps checkpoint-3 and says how to resume; the
     resumed run equals the uninterrupted one and its final weights reload."""

@@ -315,6 +315,7 @@ def test_a_cpu_dry_run_prints_the_choice_and_runs_it(capsys):
 
 # ---- one real run (slow) -------------------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_fastest_run_records_its_choice_and_trains_like_the_default(smoke_runs):
     """`python -m launch ddp --smoke --cpu --fastest`: runs, says its choice before the start, records it in
     run_summary.json, and -- checkpointing off, its choice on CPU, against the judged smoke run's checkpointing on, at

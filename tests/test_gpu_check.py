@@ -45,6 +45,7 @@ def tiny_check(tmp_path_factory):
     return proc, root
 
 
+@pytest.mark.long
 def test_the_tiny_check_runs_end_to_end_on_cpu(tiny_check):
     from launch.memory import Architecture
 

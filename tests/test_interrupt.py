@@ -106,6 +106,7 @@ START_UP = ["import:numpy.lib", "import:transformers.trainer_utils", "call:launc
             "call:launch.results.outdir.check"]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("point", START_UP)
 def test_an_early_ctrl_c_is_one_line(point):
     """SIGINT anywhere before the output folder is claimed: one line on stderr, status 130, no traceback."""
@@ -192,6 +193,7 @@ def _read_until(proc: subprocess.Popen, wanted: str, count: int = 1, timeout: fl
 STOP_LINE = re.compile(r"^\[launch\] stopped \(Ctrl-C\) after step (\d+): (.*) \(the full log: (.*)\)$", re.M)
 
 
+@pytest.mark.long
 def test_ctrl_c_while_training_is_a_stop_with_one_line_and_status_130(tmp_path):
     """A Ctrl-C while the ranks train: status 130 (the process's and run_summary.json's), which says stopped; one line
     naming the last complete checkpoint; no traceback of torchrun's (the SIGTERM its group was sent), which stays in
@@ -223,6 +225,7 @@ def test_ctrl_c_while_training_is_a_stop_with_one_line_and_status_130(tmp_path):
     assert not folder.lock(0).exists()
 
 
+@pytest.mark.long
 def test_a_second_ctrl_c_while_the_ranks_stop_kills_them_and_still_exits_130(tmp_path):
     """A second Ctrl-C during the bounded shutdown kills the ranks at once (no 30 s wait) and does not end the
     launcher by the signal; a third, once the job has ended (sent by the test harness when the launcher looks for the

@@ -65,6 +65,9 @@ def _eval_loss(model, tokenizer, tmp_path) -> float:
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_one_process_with_accumulation_equals_two_processes(smoke_runs):
     """2 processes x 4 under DDP (the judged run) = 1 process x 4 x accumulation 2: 8 sequences per step."""
     ddp = _observed(smoke_runs, "lora")
@@ -90,6 +93,9 @@ SHARDED = {
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 @pytest.mark.parametrize("strategy", SHARDED)
 def test_sharded_layouts_train_and_save_the_same_adapter(strategy, smoke_runs, resumed, tmp_path):
     """2 processes x 4 with the adapter and the frozen base sharded (ZeRO-3, FSDP2) = DDP: the same steps, and the
@@ -123,6 +129,9 @@ def test_sharded_layouts_train_and_save_the_same_adapter(strategy, smoke_runs, r
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_resume_after_a_dying_rank_equals_the_uninterrupted_run(resumed, smoke_runs):
     whole = _observed(smoke_runs, "lora")
     observed = json.loads(RunFolder(resumed).summary.read_text())["observed"]
@@ -133,6 +142,9 @@ def test_resume_after_a_dying_rank_equals_the_uninterrupted_run(resumed, smoke_r
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_final_holds_the_adapter_and_only_the_adapter_trains(resumed):
     """final/ holds PEFT's files and the tokenizer, no model weights; the adapter holds lora_A/lora_B of every linear
     layer but the output layer, and the newest checkpoint's optimizer state covers exactly those tensors (the base had
@@ -160,6 +172,9 @@ def test_final_holds_the_adapter_and_only_the_adapter_trains(resumed):
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_the_adapter_on_its_base_reproduces_the_eval_loss(resumed, tmp_path):
     import torch
     from peft import PeftModel
@@ -174,6 +189,9 @@ def test_the_adapter_on_its_base_reproduces_the_eval_loss(resumed, tmp_path):
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_merged_model_loads_in_plain_transformers_and_differs_from_the_base_by_the_adapter(resumed, tmp_path):
     """`python -m launch merge RUN_DIR`: RUN_DIR/merged loads without PEFT and gives the trained model's eval loss; its
     weights are the base's (the smoke model folder, untouched by training) exactly where LoRA was not applied, and

@@ -959,6 +959,9 @@ QWEN3_35M = dict(model_type="qwen3", hidden_size=192, intermediate_size=768, num
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_cpu_fused_lm_head_peak_is_measured():
     """The loss term on CPU (fused_chunked, no Triton: TRL folds each [tokens x 32768] tile in torch ops, several
     fp32 temporaries at once; fp32 grad_weight and grad_hidden returned as they are) against the resident-set growth

@@ -19,7 +19,7 @@ import pytest
 
 from helpers.launcher import REPO, SP2_ROWS, explain, free_port, launch_in_process, test_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def two_machines(argv, env=lambda rank: {}):

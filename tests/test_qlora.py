@@ -50,6 +50,7 @@ def test_cpu_profile_runs_fsdp1_in_bf16_without_an_accelerator_broadcast():
 
 # ---- slow: the judged smoke run --------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.long
 def test_smoke_run_is_fsdp1_and_saves_a_trained_adapter(smoke_runs):
     from safetensors.torch import load_file
 
@@ -138,6 +139,9 @@ if distributed:
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_fsdp1_shards_the_4bit_storage_and_leaves_the_base_unchanged(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(PROBE)

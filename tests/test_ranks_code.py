@@ -83,6 +83,9 @@ def test_a_plain_import_finds_another_launch_here(checkout, tmp_path):
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_ranks_import_the_copy_run_from_its_root(checkout, tmp_path):
     out = tmp_path / "ddp"
     proc = _run(["-m", "launch", "ddp", "--smoke", "--cpu", "--max-steps", "1", "--output-dir", out], cwd=checkout)
@@ -92,6 +95,9 @@ def test_ranks_import_the_copy_run_from_its_root(checkout, tmp_path):
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_ranks_import_the_copy_run_from_another_folder(checkout, tmp_path):
     """`python COPY/launch` from a folder outside the copy: the command names the copy's files by absolute paths and
     shows the PYTHONPATH its ranks get."""
@@ -109,6 +115,9 @@ def test_ranks_import_the_copy_run_from_another_folder(checkout, tmp_path):
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_ranks_import_the_copy_for_a_recipe_folder_copied_outside_the_repository(checkout, tmp_path):
     """A recipe folder copied out of the repository, run from inside it: its config's `accelerate_config:` names a
     file of the checkout's accelerate_configs/ (found under the launcher's checkout), its own files are named

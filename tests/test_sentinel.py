@@ -283,6 +283,7 @@ def _run(tmp_path, trained, *training_args, max_steps=3):
     return proc, out
 
 
+@pytest.mark.long
 def test_the_trained_model_depends_on_its_rope(trained):
     """The premise of the broken run: the right setup's loss sits inside the band, the broken one's above it."""
     _, band, right, broken = trained
@@ -290,6 +291,7 @@ def test_the_trained_model_depends_on_its_rope(trained):
     assert broken > 1.2 * right
 
 
+@pytest.mark.long
 def test_a_run_with_the_wrong_rope_stops_after_its_first_logged_step(tmp_path, trained):
     proc, out = _run(tmp_path, trained, "--model_init_kwargs", json.dumps(WRONG_ROPE))
     text = proc.stdout + proc.stderr
@@ -304,6 +306,7 @@ def test_a_run_with_the_wrong_rope_stops_after_its_first_logged_step(tmp_path, t
     assert "'loss'" in log and log.count("'loss'") == 1  # one logged step, then stopped (3 were asked for)
 
 
+@pytest.mark.long
 def test_the_right_setup_passes_its_band(tmp_path, trained):
     proc, out = _run(tmp_path, trained, max_steps=1)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

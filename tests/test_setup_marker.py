@@ -214,6 +214,9 @@ def test_from_refuses_a_bundle_that_cannot_install_this_checkout(case, tmp_path)
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_a_venv_this_run_created_is_removed_when_pip_fails(tmp_path):
     """A bundle that passes its check (here one with no entries) and a pip that fails (a constraints file that does
     not exist): the venv ci/setup.sh --from created is removed, with a line of its own. Slow: it creates a venv."""

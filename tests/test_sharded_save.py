@@ -211,6 +211,9 @@ def test_the_fsdp2_70b_readme_states_what_the_consolidation_plans():
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_a_sharded_fsdp2_run_ends_with_the_full_state_dict_runs_weights(smoke_runs, tmp_path):
     copy = tmp_path / "fsdp2-sharded"
     shutil.copytree(RECIPES_DIR / "fsdp2", copy)

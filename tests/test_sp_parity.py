@@ -16,7 +16,7 @@ import pytest
 
 from helpers.launcher import ROWS, SP2_ROWS, assert_parity, explain  # ROWS: equal row lengths, as gloo needs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 PACKED = ["--packing", "true", "--packing_strategy", "wrapped"]
 DP_NORMALISATION = ["--average_tokens_across_devices", "false"]

@@ -83,6 +83,7 @@ def synthetic_run(tmp_path_factory):
     return proc, model, out
 
 
+@pytest.mark.long
 def test_a_synthetic_run_trains_from_config_json_alone(synthetic_run):
     proc, model, out = synthetic_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -117,6 +117,9 @@ def test_plan_trace_prints_both_peaks_and_their_ratio(tmp_path, capsys):
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_ddp_recipe_gpu_default_full_size():
     """The ddp recipe's GPU default (Qwen3-0.6B, 8 processes, 4 x 2,048 tokens), full size: ~30 s on 2 cores."""
     from launch.catalog.blocks import MODEL_CONFIGS

@@ -22,7 +22,7 @@ from helpers.launcher import REPO, explain, free_port, test_env
 from launch.config import profiles
 from launch.recipe.discovery import find_recipe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def _trackio_losses(store: Path, project: str, run: str) -> dict[int, float]:

@@ -48,6 +48,9 @@ def test_a_dry_run_imports_peft_without_bitsandbytes_and_prints_no_kernels_messa
 
 
 @pytest.mark.slow
+
+
+@pytest.mark.long
 def test_the_ranks_of_a_run_print_no_kernels_message_and_a_quantized_run_still_loads_bitsandbytes(smoke_runs):
     """The shared ddp and qlora-fsdp smoke runs (tests/test_smoke_recipes.py judges both): the ddp ranks' log has no
     message of bitsandbytes' import; qlora-fsdp's ranks, which load a 4-bit model, import it and train."""
