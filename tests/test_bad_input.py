@@ -634,6 +634,20 @@ def _snapshot(*roots: Path) -> dict:
     return files
 
 
+# packed conversations that would attend to each other (launch.checks.rules.packing)
+REFUSED += [
+    ("packing-with-an-attention-blind-to-boundaries", "ddp --smoke --cpu --dry-run -- --packing true "
+     "--attn_implementation paged|eager", "none", 2, "attn_implementation paged|eager does not read their boundaries "
+     "from the position_ids"),
+    ("padding-free-with-an-attention-blind-to-boundaries", "zero3 --smoke --cpu --dry-run -- --padding_free true "
+     "--model_init_kwargs {{\"attn_implementation\":\"paged|eager\"}}", "none", 2,
+     "Set attn_implementation to one of those (sdpa runs everywhere)"),
+    ("eval-packing-without-packing", "ddp --smoke --cpu --dry-run -- --eval_packing true --eval_strategy steps "
+     "--eval_steps 4", "none", 2, "eval_packing: true packs the eval set (bfd) while packing: false leaves TRL's "
+     "collator padded"),
+]
+
+
 @pytest.fixture
 def no_spawn(monkeypatch):
     def forbidden(*args, **kwargs):
@@ -670,6 +684,8 @@ def _values(tmp_path, fixture) -> dict:
 @shows(rules.quantization_one_kind)
 @shows(rules.fsdp2_has_a_shard_dimension)
 @shows(rules.rendezvous_address_resolves)
+@shows(rules.packed_attention_keeps_conversations_apart)
+@shows(rules.eval_packing_keeps_conversations_apart)
 @pytest.mark.parametrize("case", REFUSED, ids=[c[0] for c in REFUSED])
 def test_bad_input_is_refused_before_anything_starts(case, tmp_path, capsys, no_spawn):
     _id, argv, fixture, status, fragment = case

@@ -12,8 +12,8 @@ Two kinds: rules about the run itself (a broken one stops even `--dry-run`), and
 failing, since a plan is often made on a machine that will not run it.
 
 The rules live in one module per concern (every_run, packages, precision, checkpointing, sequence_parallel,
-context_parallel, fsdp, adapters, long_context), registered by `registry.rule`; this package is their one face:
-`from launch.checks import rules` then `rules.check`, `rules.RULES`, `rules.NAME` for any rule.
+context_parallel, packing, fsdp, adapters, long_context), registered by `registry.rule`; this package is their one
+face: `from launch.checks import rules` then `rules.check`, `rules.RULES`, `rules.NAME` for any rule.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from launch.checks.rules.sequence_parallel import (sp_heads_divisible, sp_sequen
                                                    activation_offloading_without_zero3)
 from launch.checks.rules.context_parallel import (cp_needs_fsdp2, cp_sequence_divisible, cp_attention_sdpa,
                                                   cp_causal_only, cp_no_packing)
+from launch.checks.rules.packing import (packed_attention_keeps_conversations_apart,
+                                         eval_packing_keeps_conversations_apart)
 from launch.checks.rules.fsdp import (fsdp_param_offload_not_on_cpu, fsdp2_without_fsdp1_settings,
                                       fsdp2_has_a_shard_dimension, fsdp_state_dict_type,
                                       fsdp_state_dict_type_saves_weights)
@@ -60,6 +62,7 @@ __all__ = ["RULES", "Facts", "Report", "Rule", "check", "features", "rule", "ski
            "sp_sequence_divisible", "sp_attention_supported", "sp_packing_safe", "sp_zero_stage",
            "tiled_mlp_needs_deepspeed", "activation_offloading_without_zero3", "cp_needs_fsdp2",
            "cp_sequence_divisible", "cp_attention_sdpa", "cp_causal_only", "cp_no_packing",
+           "packed_attention_keeps_conversations_apart", "eval_packing_keeps_conversations_apart",
            "fsdp_param_offload_not_on_cpu", "fsdp2_without_fsdp1_settings", "fsdp2_has_a_shard_dimension",
            "fsdp_state_dict_type", "fsdp_state_dict_type_saves_weights", "lora_rank_positive", "lora_alpha_positive",
            "lora_dropout_in_range", "quantized_base_needs_adapter", "quantization_one_kind", "lora_targets_match",
