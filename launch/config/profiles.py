@@ -139,6 +139,11 @@ def training_overrides(config: dict, smoke_run: bool, cpu: bool, progress=print,
         # (CPU_FP32)
         if config.get("join_documents_min_chars"):  # the smoke data are chats, not documents to join
             out["join_documents_min_chars"] = 0
+        if is_on(config.get("packing")) and config.get("packing_strategy", "bfd") != "wrapped":
+            # The smoke metrics were recorded on padded batches, before the recipes packed (bfd): packed, the same
+            # 12 steps would see other rows. Packing itself is proven by tests/test_packing.py (conversations kept
+            # apart, the loss of padded batches); the ALST recipes' wrapped packing stays, as recorded.
+            out["packing"] = False
         out.update(smoke_checkpointing(config, accelerate)[0])
         if Adapter.from_training(config) is not None:
             # LoRA dropout draws a random mask per rank and micro-batch, so layouts with equal tokens per step (2
