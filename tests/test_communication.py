@@ -85,6 +85,8 @@ def test_zero3_gathers_forward_recomputed_forward_and_backward_and_reduce_scatte
     assert found["parameter all-gather (forward)"].pieces == 2  # a layer at a time
     without = _by_name(replace(run, gradient_checkpointing=False))
     assert "parameter all-gather (recomputed forward)" not in without
+    first = _by_name(replace(run, checkpointing_layers=1))  # the first of the 2 layers: half the recomputed gathers
+    assert first["parameter all-gather (recomputed forward)"].bytes == pytest.approx(gather / 2)
 
 
 FSDP2 = {"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2}}

@@ -129,3 +129,95 @@ def test_a_count_the_model_does_not_have_is_refused_on_the_rank():
     for bad in (0, 5):
         with pytest.raises(ValueError, match="the model has 4 decoder layers"):
             partial.checkpointed(4, bad)
+
+
+# ---- the plan and the speed model ------------------------------------------------------------------------------------
+def _qwen3_8b():
+    import json
+
+    from launch.facts import hub
+    from launch.memory import Architecture
+
+    return Architecture.from_config(json.loads((hub.SHIPPED_CONFIGS / "Qwen--Qwen3-8B" / "config.json").read_text()))
+
+
+def _lora_run(**changes):
+    """The lora recipe's shape on one GPU: Qwen3-8B, 4,096 tokens, LoRA r 16 on every linear layer, micro-batch 2."""
+    from launch.config.adapter import Adapter
+    from launch.config.layout import Layout
+    from launch.memory import RunShape
+
+    layout = Layout(kind="ddp", distributed_type="MULTI_GPU", zero_stage=None, offload_optimizer=False,
+                    offload_params=False, num_machines=1, world_size=1,
+                    mesh={"dp_replicate": 1, "dp_shard": 1, "tp": 1, "cp": 1, "sp": 1}, per_device_train_batch_size=2,
+                    gradient_accumulation_steps=2, max_length=4096, pad_to_multiple_of=1)
+    adapter = Adapter.from_training({"use_peft": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05,
+                                     "lora_target_modules": ["all-linear"]})
+    return replace(RunShape(layout, attn_implementation="sdpa", adapter=adapter), **changes)
+
+
+def test_the_plan_holds_k_checkpointed_inputs_and_the_other_layers_activations():
+    """k of L: k layers' checkpointed inputs and L - k layers' full activations, the peak falling with every layer
+    checkpointed, from none's to all's (the first k checkpointed: a recomputation never meets the full activations)."""
+    from launch.memory import estimate
+
+    arch = _qwen3_8b()
+    L = arch.num_layers
+    every, none = estimate(arch, _lora_run()), estimate(arch, _lora_run(gradient_checkpointing=False))
+    peaks = [estimate(arch, _lora_run(checkpointing_layers=k)).allocated_peak_gib for k in range(1, L)]
+    assert none.allocated_peak_gib > peaks[0] and all(a > b for a, b in zip(peaks, peaks[1:]))
+    assert peaks[-1] > every.allocated_peak_gib
+    assert estimate(arch, _lora_run(checkpointing_layers=L)).allocated_peak_gib == every.allocated_peak_gib
+
+    def term(est, start):
+        return next(t.gib for t in est.gpu_terms if t.name.startswith(start))
+
+    k = 9
+    part = estimate(arch, _lora_run(checkpointing_layers=k))
+    stored = term(part, f"stored activations (the last {L - k} of {L} layers")
+    assert stored == pytest.approx(term(none, "stored activations") * (L - k) / L, rel=1e-9)
+    inputs = term(part, f"checkpointed activations (inputs of the first {k} of {L} layers)")
+    assert inputs < term(every, "checkpointed activations") * (k + 1) / L
+
+
+def test_the_recomputation_is_k_of_l_of_all_of_it():
+    """The speed model: the recomputed forward's FLOPs and time scale with k / L."""
+    from launch.speed import model as throughput_model
+
+    arch = _qwen3_8b()
+    L = arch.num_layers
+
+    def hardware_extra(run):
+        flops = throughput_model.flops_by_convention(arch, run)
+        return flops["hardware"] - flops["model_causal"]
+
+    every, none = _lora_run(), _lora_run(gradient_checkpointing=False)
+    assert hardware_extra(none) == 0
+    assert hardware_extra(_lora_run(checkpointing_layers=9)) == pytest.approx(hardware_extra(every) * 9 / L)
+    steps = [throughput_model.predict(arch, _lora_run(checkpointing_layers=k)).step_s for k in (1, 9, 18, 27)]
+    assert throughput_model.predict(arch, none).step_s < steps[0] and steps == sorted(steps)
+    assert steps[-1] < throughput_model.predict(arch, every).step_s
+    recompute = throughput_model.predict(arch, every).step_s - throughput_model.predict(arch, none).step_s
+    assert steps[1] - throughput_model.predict(arch, none).step_s == pytest.approx(recompute * 9 / L, rel=0.05)
+
+
+def test_fastest_checkpoints_the_fewest_layers_that_fit(capsys):
+    """`plan lora --gpus 1 --fastest` (Qwen3-8B, 4,096 tokens, one 80 GB GPU): checkpointing off does not fit at
+    micro-batch 2, all layers is slower than needed; the choice checkpoints the fewest layers that fit, applied as
+    `--checkpointing_layers k`, and is faster than the recipe's own settings."""
+    import json
+
+    from launch.__main__ import main
+    from launch.memory.plan import SPARE
+
+    assert main(["plan", "lora", "--gpus", "1", "--fastest", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    chosen = data["fastest"]
+    k = chosen["checkpointing_layers"]
+    assert chosen["activation_checkpointing"] and 0 < k < 36 and chosen["gpu_peak_gib"] <= 79.1 * (1 - SPARE)
+    same = [c for c in data["candidates"] if c["activation_checkpointing"] is False and all(
+        c[f] == chosen[f] for f in ("per_device_train_batch_size", "gradient_accumulation_steps", "use_liger_kernel"))]
+    assert same and not same[0]["fits"]  # without checkpointing the same batch does not fit
+    own = [c for c in data["candidates"] if c["per_device_train_batch_size"] == 1 and c["use_liger_kernel"]
+           and c["activation_checkpointing"] is False]
+    assert own and chosen["predicted_tokens_per_s_per_gpu"] > own[0]["predicted_tokens_per_s_per_gpu"]

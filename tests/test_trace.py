@@ -59,6 +59,13 @@ CASES = {
     # mask (a CPU trace would keep the CPU's fp32 one: tracing._cuda_dropout)
     "LoRA with dropout, no checkpointing": (TINY, RunShape(layout("ddp", 1, 4096), attn_implementation="sdpa",
                                                            gradient_checkpointing=False, adapter=LORA_DROPOUT)),
+    # partial checkpointing (`checkpointing_layers`): the first k of the 4 layers, the others keep their activations
+    "2 of 4 layers checkpointed, long sequence": (TINY, RunShape(layout("ddp", 1, 32768), attn_implementation="sdpa",
+                                                                 checkpointing_layers=2)),
+    "LoRA, 1 of 4 layers checkpointed": (TINY, RunShape(layout("ddp", 1, 4096, 2), attn_implementation="sdpa",
+                                                        adapter=LORA_DROPOUT, checkpointing_layers=1)),
+    "FSDP2, 3 of 4 layers checkpointed": (TINY, RunShape(layout("fsdp2", 2, 4096), attn_implementation="sdpa",
+                                                         checkpointing_layers=3)),
 }
 
 

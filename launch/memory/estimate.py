@@ -16,7 +16,7 @@ from launch.memory.terms import (autocast_weight_copy_bytes, checkpointed_input_
                                  comm_buffer_bytes, gathered_param_bytes, kernel_length_limits, layer_working_set_bytes,
                                  loss_bytes, model_state_bytes, offloaded_activation_host_bytes, optimizer_step_bytes,
                                  stored_activation_bytes, gradients_alive_at_loss, nccl_communicators,
-                                 tied_embedding_backward_bytes)
+                                 tied_embedding_backward_bytes, without_checkpointing)
 
 HOST_STATES = ("params_host", "params_host_pinned", "grads_host", "optim_host", "frozen_host")
 # phase name -> the terms' phase argument
@@ -83,11 +83,12 @@ class Phases:
 
     states: dict  # model_state_bytes: parameters, gradients, optimizer states on the device and on the host
     checkpointed: float  # checkpointed layer inputs kept on the device (0 when offloaded)
-    stored: float  # stored activations of every layer (no checkpointing)
-    layer: float  # one layer's recompute + backward
+    stored: float  # stored activations of the layers not checkpointed (all without checkpointing)
+    layer: float  # one layer's recompute + backward (the backward alone for a layer not checkpointed)
     loss: float  # LM head + cross-entropy
     step: float  # optimizer step temporaries
     totals: dict  # phase name ("loss", "layer", "optimizer step") -> bytes
+    stored_in_layer: bool = True  # whether the layer phase's peak comes with the stored activations alive
 
     @property
     def peak(self) -> str:
@@ -101,38 +102,52 @@ class Phases:
 def _phases(arch: Architecture, run: RunShape) -> Phases:
     cpu = run.device == "cpu"
     states = model_state_bytes(arch, run)
-    checkpointed = stored = 0.0
-    if run.gradient_checkpointing:
-        if not run.offload_activations or cpu:
-            checkpointed = checkpointed_input_bytes(arch, run)
-    else:
-        stored = stored_activation_bytes(arch, run)
-    layer = layer_working_set_bytes(arch, run)["peak"]
+    L = arch.num_layers
+    k = run.checkpointed_layers(L)  # the first k checkpointed, the last L - k not (launch/rank/partial_checkpointing)
+    checkpointed = 0.0
+    if k and (not run.offload_activations or cpu):
+        checkpointed = checkpointed_input_bytes(arch, run)
+    stored = stored_activation_bytes(arch, run)
     loss = loss_bytes(arch, run)["total"]
     step = optimizer_step_bytes(arch, run)
     static = states["params_gpu"] + states["grads_gpu"] + states["optim_gpu"] + states["frozen_gpu"]
     if cpu:  # one process holds everything, host-side states included
-        static += sum(states[k] for k in HOST_STATES)
+        static += sum(states[key] for key in HOST_STATES)
     activations = checkpointed + stored
     unsynced = unsynced_gradient_bytes(arch, run)  # FSDP's no_sync gradients, from the first micro-batch on
     # the loss runs before the backward has made any gradient (zero_grad sets them to None), unless they persist
     grads_at_loss = 0.0 if gradients_alive_at_loss(run) else states["grads_gpu"]
     phase_loss = (static - grads_at_loss + activations + comm_buffer_bytes(arch, run, "loss")
                   + gathered_param_bytes(arch, run, "loss") + autocast_weight_copy_bytes(arch, run, "loss") + unsynced)
-    # through the backward the gradients grow as the activations shrink: at the first layer's backward every
-    # layer's activations and only the LM head's gradient, at the last one every gradient and one layer's inputs;
-    # the worse end counts (when the gradients persist between steps, all of them count throughout)
-    held = static + activations
-    if grads_at_loss:
-        head = 0.0 if run.adapter is not None else grads_at_loss * arch.lm_head_params / arch.num_params
-        held = static - grads_at_loss + max(activations + head, grads_at_loss + activations / arch.num_layers)
-    phase_layer = (held + comm_buffer_bytes(arch, run, "layer") + gathered_param_bytes(arch, run, "layer")
-                   + autocast_weight_copy_bytes(arch, run, "layer") + unsynced)
-    totals = {"loss": phase_loss + loss, "layer": phase_layer + layer,
+    # The backward goes from the last layer down: through the L - k layers not checkpointed first (their stored
+    # activations alive, no recompute), then through the k checkpointed ones (the stored activations freed, one
+    # layer recomputed at a time). Through each stretch the gradients grow as the activations shrink: at its first
+    # layer its activations and the gradients made so far (at the very first, only the LM head's), at its last one
+    # layer's activations and more gradients (at the very last, all); the worse end of the worse stretch counts (when
+    # the gradients persist between steps, all of them count throughout, and the first end is the worse).
+    head = 0.0 if run.adapter is not None else grads_at_loss * arch.lm_head_params / arch.num_params
+    made_by_stored = head + (grads_at_loss - head) * (L - k) / L  # the gradients when the checkpointed stretch starts
+    around = (comm_buffer_bytes(arch, run, "layer") + gathered_param_bytes(arch, run, "layer") + unsynced)
+    stretches = {}
+    if k < L:  # the layers not checkpointed: everything held, one layer's backward on top
+        plain = without_checkpointing(run)
+        ends = (activations + head, checkpointed + stored / (L - k) + made_by_stored)
+        stretches[True] = (max(ends) if grads_at_loss else ends[0],
+                           autocast_weight_copy_bytes(arch, plain, "layer") * (L - k) / L,
+                           layer_working_set_bytes(arch, plain)["peak"])
+    if k:  # the checkpointed ones: their inputs held, one layer recomputed and its backward on top
+        ends = (checkpointed + (made_by_stored if k < L else head), checkpointed / k + grads_at_loss)
+        stretches[False] = (max(ends) if grads_at_loss else ends[0], autocast_weight_copy_bytes(arch, run, "layer"),
+                            layer_working_set_bytes(arch, run)["peak"])
+    layer_totals = {alive: static - grads_at_loss + held + around + copies + working
+                    for alive, (held, copies, working) in stretches.items()}
+    stored_in_layer = max(layer_totals, key=layer_totals.get)
+    layer = stretches[stored_in_layer][2]
+    totals = {"loss": phase_loss + loss, "layer": layer_totals[stored_in_layer],
               "optimizer step": static + comm_buffer_bytes(arch, run, "step") + step}
     if tied := tied_embedding_backward_bytes(arch, run):
         totals["end of backward"] = static + comm_buffer_bytes(arch, run, "step") + tied
-    return Phases(states, checkpointed, stored, layer, loss, step, totals)
+    return Phases(states, checkpointed, stored, layer, loss, step, totals, stored_in_layer)
 
 
 # ---- 2. the device table: one term per line, the peak phase's counted ------------------------------------------------
@@ -201,13 +216,20 @@ def _device_terms(arch: Architecture, run: RunShape, phases: Phases) -> list[Ter
                           "reduce_bucket_size (DeepSpeed default 5e8 with an Accelerate YAML)" if ds
                           else "DDP bucket_cap_mb / gradient_as_bucket_view" if run.layout.sharding == "replicated"
                           else f"{run.layout.kind.upper()} reduce-scatter of one layer", dev))
-    if run.gradient_checkpointing:
+    L = arch.num_layers
+    k = run.checkpointed_layers(L)
+    partial = ", checkpointing_layers" if 0 < k < L else ""
+    if k:
         where = "offloaded to host" if (run.offload_activations and not cpu) else f"offload with {_offload_knob(run)}"
-        terms.append(Term("checkpointed activations (layer inputs)", gib(phases.checkpointed),
-                          f"{length_setting}; {where}", dev, in_fwd_bwd))
-    else:
-        terms.append(Term("stored activations (no checkpointing)", gib(phases.stored),
-                          f"{length_setting}; gradient_checkpointing", dev, in_fwd_bwd))
+        terms.append(Term("checkpointed activations (layer inputs)" if k == L else
+                          f"checkpointed activations (inputs of the first {k} of {L} layers)",
+                          gib(phases.checkpointed), f"{length_setting}; {where}{partial}", dev, in_fwd_bwd))
+    if k < L:
+        # with partial checkpointing the backward frees them before it recomputes a layer: not always in the peak
+        terms.append(Term("stored activations (no checkpointing)" if not k else
+                          f"stored activations (the last {L - k} of {L} layers, not checkpointed)",
+                          gib(phases.stored), f"{length_setting}; gradient_checkpointing{partial}", dev,
+                          in_fwd_bwd and (peak == "loss" or phases.stored_in_layer)))
     layer_knobs = ["tiled_mlp_shards" if run.tiled_mlp else "tiled_mlp" if ds else "", "attn_implementation"]
     layer_knobs = [k for k in layer_knobs if k]
     if run.layout.cp > 1:

@@ -55,6 +55,9 @@ class RunShape:
     weights_dtype: str = "bfloat16"  # dtype the model is loaded in
     mixed_precision: str = "bf16"  # the Trainer's "bf16" / "fp16" / "no" (its bf16/fp16 over Accelerate's)
     gradient_checkpointing: bool = True
+    # of the decoder layers, how many are checkpointed (the first ones, launch/rank/partial_checkpointing.py: the
+    # recipe key `checkpointing_layers`); None: all of them. `checkpointed_layers()` reads it
+    checkpointing_layers: int | None = None
     offload_activations: bool = False
     tiled_mlp: bool = False
     tiled_mlp_shards: int | None = None
@@ -125,6 +128,13 @@ class RunShape:
         return "liger" if self.liger_kernels and self.device == "gpu" else "eager"
 
     # ---- what only memory derives
+    def checkpointed_layers(self, num_layers: int) -> int:
+        """How many of the model's `num_layers` decoder layers are checkpointed: none without checkpointing, else all
+        of them or the first `checkpointing_layers`."""
+        if not self.gradient_checkpointing:
+            return 0
+        return num_layers if self.checkpointing_layers is None else max(0, min(self.checkpointing_layers, num_layers))
+
     @property
     def uses_ulysses(self) -> bool:
         return self.layout.sp > 1 if self.ulysses_attention is None else self.ulysses_attention
@@ -185,6 +195,7 @@ class RunShape:
             weights_dtype=weights,
             mixed_precision=mixed,
             gradient_checkpointing=gc,
+            checkpointing_layers=checkpointing.layers if gc else None,
             offload_activations=offload_act,
             tiled_mlp=is_on(training.get("tiled_mlp", False)),
             tiled_mlp_shards=int(shards) if shards else None,

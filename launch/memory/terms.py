@@ -5,6 +5,7 @@ the loss, the optimizer step, offloaded host memory, and the kernels' length lim
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from launch.memory import adapters
 from launch.memory.architecture import Architecture
@@ -236,11 +237,21 @@ def checkpointed_input_bytes(arch: Architecture, run: RunShape, n_tokens: int | 
     """Checkpointed activations: with gradient checkpointing each decoder layer keeps its input, the hidden states
     [micro-batch, local length, hidden] in the residual stream's dtype (`RunShape.residual_bytes`: fp32 under
     autocast over fp32 weights; transformers `GradientCheckpointingLayer`; FSDP's `checkpoint_wrapper`). Whole model:
-    layers x tokens x hidden x bytes, plus the rotary cos/sin [tokens, head_dim] computed once per forward and shared
-    by every layer. On the GPU unless offloaded (see `offloaded_activation_host_bytes`)."""
+    checkpointed layers (all, or the first `checkpointing_layers`) x tokens x hidden x bytes, plus the rotary cos/sin
+    [tokens, head_dim] computed once per forward and shared by every layer. On the GPU unless offloaded (see
+    `offloaded_activation_host_bytes`)."""
     n = run.layout.tokens_per_rank if n_tokens is None else n_tokens
     a = run.act_bytes
-    return arch.num_layers * n * arch.hidden_size * run.residual_bytes + 2 * n * arch.head_dim * a
+    return run.checkpointed_layers(arch.num_layers) * n * arch.hidden_size * run.residual_bytes \
+        + 2 * n * arch.head_dim * a
+
+
+def without_checkpointing(run: RunShape) -> RunShape:
+    """The run as a layer that is not checkpointed sees it: with `checkpointing_layers: k` the last L - k layers save
+    and free what they would without checkpointing (their terms are read off this run)."""
+    if not run.gradient_checkpointing:
+        return run
+    return replace(run, gradient_checkpointing=False, offload_activations=False, checkpointing_layers=None)
 
 
 def _kv_dim_attention(arch: Architecture, run: RunShape) -> int:
@@ -394,11 +405,13 @@ def layer_working_set_bytes(arch: Architecture, run: RunShape, n_tokens: int | N
 
 def stored_activation_bytes(arch: Architecture, run: RunShape, n_tokens: int | None = None) -> float:
     """Without gradient checkpointing every layer keeps everything it saves (see `layer_saved_bytes_per_token`)
-    plus its input, for all layers, until the backward reaches it."""
+    plus its input, until the backward reaches it: all layers, or the L - k a partial checkpointing leaves out."""
     n = run.layout.tokens_per_rank if n_tokens is None else n_tokens
+    stored = arch.num_layers - run.checkpointed_layers(arch.num_layers)
+    run = without_checkpointing(run)
     saved = layer_saved_bytes_per_token(arch, run)
     per_token = sum(saved["attention"].values()) + sum(saved["mlp"].values()) + run.residual_bytes * arch.hidden_size
-    return arch.num_layers * per_token * n
+    return stored * per_token * n
 
 
 def loss_bytes(arch: Architecture, run: RunShape, n_tokens: int | None = None) -> dict:
@@ -495,9 +508,10 @@ def offloaded_activation_host_bytes(arch: Architecture, run: RunShape, n_tokens:
         return 0.0
     n = run.layout.tokens_per_rank if n_tokens is None else n_tokens
     hidden = n * arch.hidden_size * run.residual_bytes
+    layers = run.checkpointed_layers(arch.num_layers)
     if not run.offload_pinned or run.device == "cpu":
-        return arch.num_layers * hidden
-    return arch.num_layers * pow2(hidden)
+        return layers * hidden
+    return layers * pow2(hidden)
 
 
 def kernel_length_limits(arch: Architecture, run: RunShape) -> list[tuple[str, int]]:

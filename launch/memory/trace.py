@@ -8,7 +8,8 @@ and reads the per-category peak off `torch.distributed._tools.mem_tracker.MemTra
 run, and how:
 
 - the model as the run loads it (`dtype`, SDPA), gradient checkpointing (non-reentrant, as transformers and the
-  Trainer set it) and its offload: transformers' `save_on_cpu(pin_memory=True)` is replaced by hooks that move each
+  Trainer set it; with `checkpointing_layers` on the first layers only, as launch.rank.partial_checkpointing does)
+  and its offload: transformers' `save_on_cpu(pin_memory=True)` is replaced by hooks that move each
   saved tensor to the `meta` device (the host, reported apart) and back, so the copy back for recomputation is
   counted on the device as on a GPU;
 - TRL 1.16's fused LM head (`add_fused_lm_head`, the SFTTrainer's loss), with its GPU behaviour: only the labelled
@@ -258,6 +259,10 @@ def trace(config, run: RunShape, *, analytic=None) -> Traced:
             if run.gradient_checkpointing:
                 model.activation_checkpointing_enable({"use_reentrant": False},
                                                       offload=bool(run.offload_activations and gpu))
+                if run.checkpointing_layers is not None:  # the first k, as the ranks choose them
+                    from launch.rank.partial_checkpointing import keep_first
+
+                    keep_first(model, run.checkpointing_layers)
             add_fused_lm_head(_base(model), outputs=("log_probs", "entropy", "is_top1"))
             if fsdp:
                 _fully_shard(model, run, mesh, torch)

@@ -183,9 +183,9 @@ def collectives(arch: Architecture, run: RunShape) -> list[Collective]:
             g = moved("all_gather", gathered, n)
             out.append(Collective("parameter all-gather (forward)", "all_gather", g * steps, n, inter, "forward",
                                   steps, L))
-            if run.gradient_checkpointing:
-                out.append(Collective("parameter all-gather (recomputed forward)", "all_gather", g * steps, n, inter,
-                                      "backward", steps, L))
+            if recomputed := run.checkpointed_layers(L):  # the checkpointed layers' (all, or the first k)
+                out.append(Collective("parameter all-gather (recomputed forward)", "all_gather",
+                                      g * steps * recomputed / L, n, inter, "backward", steps, recomputed))
             out.append(Collective("parameter all-gather (backward)", "all_gather", g * steps, n, inter, "backward",
                                   steps, L))
             out.append(Collective("gradient reduce-scatter", "reduce_scatter",
@@ -217,11 +217,11 @@ def collectives(arch: Architecture, run: RunShape) -> list[Collective]:
                                   spans_nodes(run, ("dp_replicate",)), "backward", times, L))
     T = layout.tokens_per_rank
     act = run.act_bytes
-    fwd = 2 if run.gradient_checkpointing else 1
+    fwd = 1 + run.checkpointed_layers(L) / L  # forward passes per layer, on average: checkpointed ones run twice
     if run.uses_ulysses and layout.sp > 1:
         n = layout.sp
         per_layer = T * (2 * arch.q_dim + 2 * arch.kv_dim) * act  # q, k, v in, the attention output back
-        out.append(Collective(f"Ulysses all-to-all (4 per layer and pass, {fwd + 1} passes)", "all_to_all",
+        out.append(Collective(f"Ulysses all-to-all (4 per layer and pass, {fwd + 1:g} passes)", "all_to_all",
                               moved("all_to_all", per_layer, n) * L * (fwd + 1) * steps, n,
                               spans_nodes(run, ("sp",)), None, steps, L))
     if layout.cp > 1:

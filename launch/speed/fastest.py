@@ -5,10 +5,13 @@ that change speed but not what is learned changed, planned by the one memory mod
 one throughput model (`launch.speed.model`). Each such setting is an axis, declared once in `AXES` (its fields, the
 training arguments it sets, its candidates, its label, how it changes the run shape):
 
-- activation checkpointing: off / on / on with its checkpoints offloaded to host memory, by whoever checkpoints in
+- activation checkpointing: off / on / on with its checkpoints offloaded to host memory / on the first k of the L
+  decoder layers only (`checkpointing_layers: k`, launch/rank/partial_checkpointing.py), by whoever checkpoints in
   this run (`Checkpointing.by`, launch.config.training_args): transformers (`activation_checkpointing`,
   `activation_checkpointing_kwargs: {offload: ...}`) or FSDP's own (`fsdp_activation_checkpointing`,
-  `fsdp_activation_checkpointing_offload`, FSDP2 only, in the Accelerate config);
+  `fsdp_activation_checkpointing_offload`, FSDP2 only, in the Accelerate config). Of the partial ones only the
+  fewest layers that fit is a candidate, found for each value of the other axes (`Axis.settle`): every layer fewer
+  is one recomputation less, so it is the fastest of them;
 - the micro-batch and gradient accumulation at the same tokens per optimizer step (`per_device_train_batch_size` x
   `gradient_accumulation_steps`: every divisor of their product);
 - Liger's layer kernels (`use_liger_kernel`), where they can run: on a GPU with liger-kernel installed (for `plan`,
@@ -76,29 +79,63 @@ class Axis:
     prefer: Callable[[tuple], tuple]  # among equal predicted step times, the lower first
     shown: int  # its place in a label and the table
     tie: int  # its place among the tie-breaks
+    # a value that depends on the others' (the fewest checkpointed layers that fit): (value, the run shape with the
+    # other axes' values, the run's plan) -> the value, or None to drop the candidate; None: values stand as given
+    settle: Callable[[tuple, memory.RunShape, MemoryPlan], tuple | None] | None = None
 
 
-# ---- checkpointing: off, on, on with offload; by transformers or by FSDP ----------------------------------------
+# ---- checkpointing: off, on, on with offload, on the first k layers; by transformers or by FSDP ------------------
+FEWEST = -1  # a candidate's checkpointed layers before `settle`: the fewest that fit
+
+
 def _checkpointing_candidates(space: Space) -> tuple[list[tuple], None]:
     # offload under FSDP's own checkpointing: FSDP2 only (Accelerate refuses it with FSDP1); on CPU nothing leaves the
-    # process, so offloading is no candidate there
+    # process, so offloading is no candidate there. Partial checkpointing under FSDP's own: FSDP2 only (the rules).
     run = space.run
     offload = run.device == "gpu" and (space.checkpointing_by == "transformers" or run.layout.kind == "fsdp2")
-    return [(False, False), (True, False)] + ([(True, True)] if offload else []), None
+    partial = space.checkpointing_by == "transformers" or run.layout.kind == "fsdp2"
+    return ([(False, False, None), (True, False, None)] + ([(True, True, None)] if offload else [])
+            + ([(True, False, FEWEST)] if partial else [])), None
+
+
+def _checkpointing_settle(value: tuple, run: memory.RunShape, plan: MemoryPlan) -> tuple | None:
+    """FEWEST: the fewest checkpointed layers (1 to L - 1) with which `run` fits, or None (no candidate) where no
+    checkpointing fits as well (partial would only be slower) or only all L layers do. Memory falls as layers are
+    checkpointed, so the fewest is found by bisection. All layers, where the run's own count is fewer: said as L."""
+    on, offload, layers = value
+    L = plan.arch.num_layers
+    if layers is None:
+        own = plan.run.checkpointing_layers
+        return (on, offload, L) if on and own is not None and own < L else value
+
+    def fits(k: int) -> bool:
+        return plan.with_run(replace(run, gradient_checkpointing=k > 0, offload_activations=False,
+                                     checkpointing_layers=k or None)).fits_with_spare
+
+    if L < 2 or fits(0) or not fits(L - 1):
+        return None
+    low, high = 0, L - 1  # fits(high), not fits(low)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle, high)
+    return on, offload, high
 
 
 def _checkpointing_apply(setup, value: tuple) -> tuple[dict, dict]:
-    """Checkpointing goes where the run checkpoints: the training arguments, or FSDP's own two Accelerate flags."""
-    on, offload = value
+    """Checkpointing goes where the run checkpoints: the training arguments, or FSDP's own two Accelerate flags; the
+    layer count (`checkpointing_layers`, a training argument) applies to either."""
+    on, offload, layers = value
     ckpt = setup.checkpointing
+    training: dict = {}
+    if on and layers != ckpt.layers and layers is not None:
+        training["checkpointing_layers"] = layers
     if ckpt.by == "FSDP":
         have = {FSDP_CHECKPOINTING: ckpt.fsdp, FSDP_CHECKPOINTING_OFFLOAD: ckpt.fsdp_offload}
         want = {FSDP_CHECKPOINTING: on, FSDP_CHECKPOINTING_OFFLOAD: offload}
         accelerate = {k: v for k, v in want.items() if have[k] != v}
         if not on and accelerate.get(FSDP_CHECKPOINTING) is False:
             accelerate[FSDP_CHECKPOINTING_OFFLOAD] = False  # Accelerate refuses offload without it
-        return {}, accelerate
-    training: dict = {}
+        return training, accelerate
     if ckpt.enabled != on:
         training["activation_checkpointing"] = on
     if on and ckpt.offload != offload:
@@ -107,20 +144,26 @@ def _checkpointing_apply(setup, value: tuple) -> tuple[dict, dict]:
 
 
 def _checkpointing_text(value: tuple, by: str | None, short: bool) -> str:
-    on, offload = value
-    return "off" if not on else "on" + (f" ({by})" if by else "") + (" + offload" if offload else "")
+    on, offload, layers = value
+    if not on:
+        return "off"
+    return ("on" if layers is None else f"{layers} layers") + (f" ({by})" if by else "") + (
+        " + offload" if offload else "")
 
 
 CHECKPOINTING = Axis(
     name="checkpointing",
-    fields=(("activation_checkpointing", bool), ("activation_checkpointing_offload", bool)),
-    arguments=("activation_checkpointing", "activation_checkpointing_kwargs"),
+    fields=(("activation_checkpointing", bool), ("activation_checkpointing_offload", bool),
+            ("checkpointing_layers", int)),
+    arguments=("activation_checkpointing", "activation_checkpointing_kwargs", "checkpointing_layers"),
     candidates=_checkpointing_candidates,
-    of_run=lambda run: (run.gradient_checkpointing, run.offload_activations),
-    shape=lambda run, v: replace(run, gradient_checkpointing=v[0], offload_activations=v[1]),
+    of_run=lambda run: (run.gradient_checkpointing, run.offload_activations,
+                        run.checkpointing_layers if run.gradient_checkpointing else None),
+    shape=lambda run, v: replace(run, gradient_checkpointing=v[0], offload_activations=v[1],
+                                 checkpointing_layers=v[2] if v[0] else None),
     apply=_checkpointing_apply,
-    word="checkpointing", text=_checkpointing_text, column=("checkpointing", "<26"),
-    prefer=lambda v: (v[1], v[0]), shown=0, tie=1)
+    word="checkpointing", text=_checkpointing_text, column=("checkpointing", "<27"),
+    prefer=lambda v: (v[1], v[0], v[2] or 0), shown=0, tie=1, settle=_checkpointing_settle)
 
 
 # ---- the micro-batch and gradient accumulation, at the same tokens per optimizer step -----------------------------
@@ -308,7 +351,17 @@ def search(setup, plan: MemoryPlan, *, liger_installed: bool, peak_flops: float 
     for value in itertools.product(*values):
         shaped = run
         for axis, v in zip(AXES, value):
-            shaped = axis.shape(shaped, v)
+            if axis.settle is None:
+                shaped = axis.shape(shaped, v)
+        value = list(value)
+        for i, axis in enumerate(AXES):
+            if axis.settle is not None:
+                value[i] = axis.settle(value[i], shaped, plan)
+                if value[i] is None:
+                    break
+                shaped = axis.shape(shaped, value[i])
+        if None in value:
+            continue
         limits = [limit for _reason, limit in kernel_length_limits(plan.arch, shaped)]
         excluded = None
         if limits and shaped.layout.max_length > min(limits):

@@ -263,8 +263,7 @@ def flops_by_convention(arch: Architecture, run: RunShape) -> dict:
     out = {"model": flops_per_token(*mfu_args), "model_causal": flops_per_token(*mfu_args, causal=True)}
     attention = 2 * (out["model"] - out["model_causal"])  # 12 L H d S, what the causal convention halves
     # the recomputed forward: its matmuls (2 N_layers) and its causal attention (a sixth of the non-causal 12 L H d S)
-    recompute = (2 * arch.num_layers * arch.matmul_params_per_layer + attention / 6) if run.gradient_checkpointing \
-        else 0.0
+    recompute = (2 * arch.num_layers * arch.matmul_params_per_layer + attention / 6) * recomputed_share(arch, run)
     if run.tiled_mlp:
         recompute += 2 * arch.num_layers * arch.mlp_params_per_layer
     out["hardware"] = out["model_causal"] + recompute
@@ -279,9 +278,16 @@ def flops_by_convention(arch: Architecture, run: RunShape) -> dict:
 
 
 # ---- the kernels of one micro-batch -------------------------------------------------------------------------------
-def _passes(run: RunShape) -> tuple[int, int]:
-    """(forward passes, backward passes) of each layer per micro-batch: checkpointing runs the forward twice."""
-    return (2 if run.gradient_checkpointing else 1), 1
+def recomputed_share(arch: Architecture, run: RunShape) -> float:
+    """The share of the decoder layers whose forward the backward runs again: 1 with checkpointing, 0 without, k / L
+    with `checkpointing_layers: k` (RunShape.checkpointed_layers)."""
+    return run.checkpointed_layers(arch.num_layers) / arch.num_layers
+
+
+def _passes(arch: Architecture, run: RunShape) -> tuple[float, int]:
+    """(forward passes, backward passes) of each layer per micro-batch, on average over the layers: checkpointing
+    runs a checkpointed layer's forward twice."""
+    return 1 + recomputed_share(arch, run), 1
 
 
 def _minus(a: Op, *others: Op) -> Op:
@@ -318,7 +324,7 @@ def _wrapped(arch: Architecture, run: RunShape) -> list[str]:
     return [n for n in names if n in shapes]
 
 
-def _op_kernels(width: float, op: Op, tokens: int, passes: tuple[int, int], times: int) -> list[Kernels]:
+def _op_kernels(width: float, op: Op, tokens: int, passes: tuple[float, int], times: int) -> list[Kernels]:
     out = []
     for nbytes, kernels, npass in ((op.bytes_fwd, op.kernels_fwd, passes[0]),
                                    (op.bytes_bwd, op.kernels_bwd, passes[1])):
@@ -331,7 +337,7 @@ def _micro_batch_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
     """Every kernel of one micro-batch on one GPU: the layers' GEMMs, attention and memory-bound ops, the final norm,
     TRL's fused LM head, a 4-bit base's dequantization, the sharded strategies' per-micro-batch copies."""
     L, T, S = arch.num_layers, run.layout.tokens_per_rank, run.layout.max_length
-    passes = _passes(run)
+    passes = _passes(arch, run)
     fwd = passes[0]
     frozen = run.adapter is not None
     out: list[Kernels] = []
@@ -365,7 +371,7 @@ def autocast_cast_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
         return []
     from launch.memory.constants import TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK
 
-    L, fwd = arch.num_layers, _passes(run)[0]
+    L, fwd = arch.num_layers, _passes(arch, run)[0]
     out = []
     for _parent, fan_in, fan_out in arch.linear_layers().values():
         out.append(Kernels(L * (fwd + 1), bytes=CAST_BYTES * fan_in * fan_out))
@@ -441,7 +447,7 @@ def host_link_bytes(arch: Architecture, run: RunShape) -> float:
     total = 0.0
     if run.gradient_checkpointing and run.offload_activations:
         hidden = layout.tokens_per_rank * arch.hidden_size * run.act_bytes
-        total += 2 * arch.num_layers * hidden * layout.gradient_accumulation_steps
+        total += 2 * run.checkpointed_layers(arch.num_layers) * hidden * layout.gradient_accumulation_steps
     W = layout.shard_group
     if layout.offload_params:
         total += 2 * 2 * arch.num_params / W * layout.gradient_accumulation_steps
@@ -536,7 +542,7 @@ def compute_windows(arch: Architecture, run: RunShape, peak: float, rates: Rates
     kernels = _micro_batch_kernels(arch, run)
     total = sum(step_seconds([(k, 1) for k in kernels], 0.0, peak, rates).values())
     attention = sum(sum(rates.seconds(k, peak)) for k in kernels if k.attention)
-    f = _passes(run)[0]
+    f = _passes(arch, run)[0]
     return {"forward": total / (f + 2), "backward": total * (f + 1) / (f + 2), "attention": attention}
 
 
