@@ -686,6 +686,8 @@ def _values(tmp_path, fixture) -> dict:
 @shows(rules.rendezvous_address_resolves)
 @shows(rules.packed_attention_keeps_conversations_apart)
 @shows(rules.eval_packing_keeps_conversations_apart)
+@shows(rules.checkpointing_layers_within_the_model)
+@shows(rules.checkpointing_layers_with_checkpointing)
 @pytest.mark.parametrize("case", REFUSED, ids=[c[0] for c in REFUSED])
 def test_bad_input_is_refused_before_anything_starts(case, tmp_path, capsys, no_spawn):
     _id, argv, fixture, status, fragment = case
