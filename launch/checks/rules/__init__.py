@@ -34,7 +34,9 @@ from launch.checks.rules.every_run import (config_keys_required, script_holds_it
 from launch.checks.rules.packages import (liger_kernel_installed, trackio_installed, bitsandbytes_usable,
                                           flash_attention_installed, deepspeed_cpu_adam_buildable)
 from launch.checks.rules.precision import precision_fits_device, pure_16bit_update_rounds_away
-from launch.checks.rules.checkpointing import checkpointing_one_name, checkpointing_not_twice
+from launch.checks.rules.checkpointing import (checkpointing_one_name, checkpointing_not_twice,
+                                              checkpointing_layers_with_checkpointing,
+                                              checkpointing_layers_within_the_model)
 from launch.checks.rules.sequence_parallel import (sp_heads_divisible, sp_sequence_divisible, sp_attention_supported,
                                                    sp_packing_safe, sp_zero_stage, tiled_mlp_needs_deepspeed,
                                                    activation_offloading_without_zero3)
@@ -58,7 +60,8 @@ __all__ = ["RULES", "Facts", "Report", "Rule", "check", "features", "rule", "ski
            "output_dir_outside_recipes", "model_folder_loads", "model_architecture_valid", "missing_inputs",
            "floor_problems", "version_floors", "liger_kernel_installed", "trackio_installed", "bitsandbytes_usable",
            "flash_attention_installed", "deepspeed_cpu_adam_buildable", "precision_fits_device",
-           "pure_16bit_update_rounds_away", "checkpointing_one_name", "checkpointing_not_twice", "sp_heads_divisible",
+           "pure_16bit_update_rounds_away", "checkpointing_one_name", "checkpointing_not_twice",
+           "checkpointing_layers_with_checkpointing", "checkpointing_layers_within_the_model", "sp_heads_divisible",
            "sp_sequence_divisible", "sp_attention_supported", "sp_packing_safe", "sp_zero_stage",
            "tiled_mlp_needs_deepspeed", "activation_offloading_without_zero3", "cp_needs_fsdp2",
            "cp_sequence_divisible", "cp_attention_sdpa", "cp_causal_only", "cp_no_packing",
