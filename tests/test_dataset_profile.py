@@ -165,3 +165,28 @@ def test_a_run_reports_its_padding_and_non_pad_tokens_per_second(smoke_runs, tmp
                          "per_device_train_batch_size": 4}, tmp_path)
     assert overall["padding_fraction"] == pytest.approx(expected.padding_fraction, abs=0.1)
     assert "non-pad:" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_run_on_skewed_chats_reports_padding_and_packing_processes_fewer_tokens(skewed, tmp_path):
+    """One epoch over the same skewed conversations, padded and then packed (bfd, padding-free), one process each:
+    both summaries report the measured padding fraction and non-pad tokens/s, and the Trainer's own count of the
+    input tokens it processed (`include_num_input_tokens_seen`, independent of the launcher's counting) is smaller
+    packed, by about the padding the padded run measured."""
+    training, folder = skewed
+    seen, overall = {}, {}
+    for packing in ("false", "true"):
+        out = tmp_path / f"packing-{packing}"
+        proc = launch_in_process("ddp", "--smoke", "--cpu", "--num-processes", "1", "--output-dir", out, "--",
+                                 "--dataset_name", folder, "--max_length", MAX_LENGTH, "--max_steps", "-1",
+                                 "--num_train_epochs", "1", "--include_num_input_tokens_seen", "true",
+                                 "--packing", packing)
+        assert proc.returncode == 0, explain(proc)
+        summary = json.loads((out / "run_summary.json").read_text())
+        overall[packing] = summary["bench"]["overall"]
+        assert summary["non_pad_tokens_per_second"] == overall[packing]["non_pad_tokens_per_s"] > 0
+        seen[packing] = json.loads((out / "trainer_state.json").read_text())["num_input_tokens_seen"]
+    assert overall["false"]["padding_fraction"] > 0.2  # the skewed rows padded to the longest of each micro-batch
+    assert overall["true"]["padding_fraction"] == 0  # padding-free: every token a conversation's
+    assert seen["true"] < seen["false"] * (1 - overall["false"]["padding_fraction"] / 2)
