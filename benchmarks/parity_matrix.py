@@ -175,8 +175,9 @@ def tolerance(family: str, precision: str, kind: str) -> dict:
         # SFTTrainer.compute_loss sums bf16 per-token losses (`-outputs.log_probs`): the sum comes out rounded to
         # bf16 and is then divided by the step's token count N. Without CP the step's one sum S (N = 148-172 tokens
         # x ~4.2, in [512, 1024)) rounds to a multiple of 4; with CP each rank's partial sum rounds in its own,
-        # smaller binade (cp 2: to multiples of 2). Each side is off the exact sum by at most half a bf16 step, <= 2^-8 x S, so the logged
-        # losses differ by up to 2 x 2^-8 x loss = 0.033 at 4.2 (measured: (S_cp - S) = +-2 at 5 of 6 steps, 2/N).
+        # smaller binade (cp 2: to multiples of 2). Each side is off the exact sum by at most half a bf16 step,
+        # <= 2^-8 x S, so the logged losses differ by up to 2 x 2^-8 x loss = 0.033 at 4.2 (measured: S_cp - S =
+        # +-2 at 5 of 6 steps, i.e. 2/N).
         # The ring itself matches the GPU path: torch's _SDPAMerger merges in fp32 (_cp_options.convert_to_f32),
         # the CPU flash kernel returns an fp32 logsumexp as CUDA's does, and the merged output is rounded to bf16
         # once more (within one bf16 step of full SDPA); with the output cast off (output_dtype None) the pair's
