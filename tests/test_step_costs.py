@@ -110,11 +110,14 @@ def test_no_calibration_row_has_either_cost():
 
 
 def _recipe_run(name: str) -> tuple[Architecture, RunShape]:
-    """A recipe's GPU defaults on its model's shipped config, synthetic."""
+    """A recipe's GPU defaults on its model's shipped config, synthetic, in unpacked rows (as the measured rows of
+    launch.facts.calibration ran: the shares below were checked against those; a packed row's SDPA mask adds
+    attention, tests/test_packed_attention.py)."""
     recipe = find_recipe(name)
     model = str(recipe.config["model_name_or_path"]).replace("/", "--")
     arch = Architecture.from_config(hub.read_model_config(str(hub.SHIPPED_CONFIGS / model)).config)
-    return arch, RunShape.from_configs(recipe.accelerate, {**recipe.config, "synthetic": True})
+    return arch, RunShape.from_configs(recipe.accelerate, {**recipe.config, "synthetic": True, "packing": False,
+                                                           "padding_free": False})
 
 
 def test_the_ddp_default_slows_by_its_casts(monkeypatch):

@@ -66,6 +66,15 @@ CASES = {
                                                         adapter=LORA_DROPOUT, checkpointing_layers=1)),
     "FSDP2, 3 of 4 layers checkpointed": (TINY, RunShape(layout("fsdp2", 2, 4096), attn_implementation="sdpa",
                                                          checkpointing_layers=3)),
+    # padding-free rows under SDPA (packing: bfd): one flat row, transformers' boolean T x T mask, SDPA's bias per
+    # layer call (saved by the attention node) and K, V repeated to every query head
+    "packed row, SDPA mask": (TINY, RunShape(layout("ddp", 1, 2048, 2), attn_implementation="sdpa",
+                                             padding_free=True)),
+    "packed row, SDPA mask, no checkpointing": (TINY, RunShape(layout("ddp", 1, 2048, 4), attn_implementation="sdpa",
+                                                               padding_free=True, gradient_checkpointing=False)),
+    "packed 16K row, 2 of 4 layers checkpointed": (TINY, RunShape(layout("ddp", 1, 8192, 2),
+                                                                  attn_implementation="sdpa", padding_free=True,
+                                                                  checkpointing_layers=2)),
 }
 
 

@@ -323,3 +323,20 @@ def _load_json_dicts(values: dict, actions: dict, config_path: Path, config: dic
             except json.JSONDecodeError as e:
                 where = config_path if key in config else AFTER_DASHES
                 raise LaunchError(f"{where}: `{key}` is not valid JSON ({e.msg} at character {e.pos}).") from None
+
+
+# TRL 1.16's strategies whose batches are padding-free (SFTTrainer.__init__: `args.padding_free or (args.packing and
+# args.packing_strategy in {"bfd", "bfd_split"})`); read by the packing rules (launch.checks.rules.packing) and the
+# memory and throughput models (launch.memory.run_shape)
+PADDING_FREE_STRATEGIES = ("bfd", "bfd_split")
+
+
+def packs_by_conversation(training: dict, packing_key: str = "packing") -> bool:
+    """Whether `packing_key` (packing or eval_packing) packs conversations into rows whose boundaries are kept in
+    `seq_lengths` (bfd, bfd_split), as opposed to wrapped token windows."""
+    return bool(training.get(packing_key)) and training.get("packing_strategy", "bfd") in PADDING_FREE_STRATEGIES
+
+
+def padding_free_batches(training: dict) -> bool:
+    """Whether TRL's collator builds padding-free rows (several conversations in one row, no attention mask)."""
+    return bool(training.get("padding_free")) or packs_by_conversation(training)

@@ -110,6 +110,24 @@ class Profile:
         return self.tokens / (self.packed_rows * self.max_length) if self.packed_rows else None
 
     @property
+    def attention_length(self) -> float | None:
+        """Padding-free rows: the token-weighted mean conversation length, sum of l^2 / sum of l with each l cut at
+        max_length (BFD cuts a longer row there, `bfd_split` splits it into max_length pieces and a rest), what a
+        varlen attention's causal triangles cost per token (`launch.speed.model.attention_forward_flops`); None
+        for padded batches."""
+        if not (self.packing or self.padding_free) or not self.lengths:
+            return None
+        pieces = []
+        for n in self.lengths:
+            if self.packing == "bfd_split":
+                pieces += [self.max_length] * (n // self.max_length) + ([n % self.max_length] if n % self.max_length
+                                                                        else [])
+            else:
+                pieces.append(min(n, self.max_length))
+        total = sum(pieces)
+        return sum(n * n for n in pieces) / total if total else None
+
+    @property
     def real_share(self) -> float:
         """The share of a planned row's tokens that are real (not padding): the packing's fill, else 1 - the padding
         fraction. What turns the throughput model's tokens/s into useful tokens/s."""

@@ -122,6 +122,13 @@ GPUS = (
         "https://www.nvidia.com/en-us/geforce/graphics-cards/40-series/rtx-4090/", aliases=("4090",)),
 )
 
+# Each row's compute capability (NVIDIA's list, https://developer.nvidia.com/cuda-gpus: Hopper 9.0, Blackwell B200 10.0,
+# A100 / A800 8.0, A10 / A10G 8.6, Ada (L4, L40, L40S, RTX 4090) 8.9): what decides which attention kernels torch runs
+# on it (launch.speed.model.masked_sdpa_backend).
+COMPUTE_CAPABILITY = {"H100 NVL": (9, 0), "H100 PCIe": (9, 0), "H100 SXM": (9, 0), "H800": (9, 0), "GH200": (9, 0),
+                      "H200": (9, 0), "B200": (10, 0), "A100 40GB": (8, 0), "A100 80GB": (8, 0), "A800": (8, 0),
+                      "L40S": (8, 9), "L40": (8, 9), "L4": (8, 9), "A10G": (8, 6), "A10": (8, 6), "RTX 4090": (8, 9)}
+
 # The GPU every measured constant of launch.facts.calibration was measured on (an H100 SXM, 80GB HBM3); a plan without
 # `--gpu` targets it.
 CALIBRATION_GPU = "H100 SXM"

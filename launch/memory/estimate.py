@@ -15,8 +15,8 @@ from launch.memory.run_shape import RunShape
 from launch.memory.terms import (autocast_weight_copy_bytes, checkpointed_input_bytes, unsynced_gradient_bytes,
                                  comm_buffer_bytes, gathered_param_bytes, kernel_length_limits, layer_working_set_bytes,
                                  loss_bytes, model_state_bytes, offloaded_activation_host_bytes, optimizer_step_bytes,
-                                 stored_activation_bytes, gradients_alive_at_loss, nccl_communicators,
-                                 tied_embedding_backward_bytes, without_checkpointing)
+                                 packed_mask_bytes, stored_activation_bytes, gradients_alive_at_loss,
+                                 nccl_communicators, tied_embedding_backward_bytes, without_checkpointing)
 
 HOST_STATES = ("params_host", "params_host_pinned", "grads_host", "optim_host", "frozen_host")
 # phase name -> the terms' phase argument
@@ -89,6 +89,7 @@ class Phases:
     step: float  # optimizer step temporaries
     totals: dict  # phase name ("loss", "layer", "optimizer step") -> bytes
     stored_in_layer: bool = True  # whether the layer phase's peak comes with the stored activations alive
+    mask: float = 0.0  # a padding-free row's attention mask, held by the checkpointed layers (packed_mask_bytes)
 
     @property
     def peak(self) -> str:
@@ -113,7 +114,9 @@ def _phases(arch: Architecture, run: RunShape) -> Phases:
     static = states["params_gpu"] + states["grads_gpu"] + states["optim_gpu"] + states["frozen_gpu"]
     if cpu:  # one process holds everything, host-side states included
         static += sum(states[key] for key in HOST_STATES)
-    activations = checkpointed + stored
+    # a packed row's mask (transformers builds it once per forward): the checkpointed layers hold it to the backward
+    mask = packed_mask_bytes(arch, run)["model"] if k else 0.0
+    activations = checkpointed + stored + mask
     unsynced = unsynced_gradient_bytes(arch, run)  # FSDP's no_sync gradients, from the first micro-batch on
     # the loss runs before the backward has made any gradient (zero_grad sets them to None), unless they persist
     grads_at_loss = 0.0 if gradients_alive_at_loss(run) else states["grads_gpu"]
@@ -131,12 +134,12 @@ def _phases(arch: Architecture, run: RunShape) -> Phases:
     stretches = {}
     if k < L:  # the layers not checkpointed: everything held, one layer's backward on top
         plain = without_checkpointing(run)
-        ends = (activations + head, checkpointed + stored / (L - k) + made_by_stored)
+        ends = (activations + head, checkpointed + mask + stored / (L - k) + made_by_stored)
         stretches[True] = (max(ends) if grads_at_loss else ends[0],
                            autocast_weight_copy_bytes(arch, plain, "layer") * (L - k) / L,
                            layer_working_set_bytes(arch, plain)["peak"])
     if k:  # the checkpointed ones: their inputs held, one layer recomputed and its backward on top
-        ends = (checkpointed + (made_by_stored if k < L else head), checkpointed / k + grads_at_loss)
+        ends = (checkpointed + mask + (made_by_stored if k < L else head), checkpointed / k + mask + grads_at_loss)
         stretches[False] = (max(ends) if grads_at_loss else ends[0], autocast_weight_copy_bytes(arch, run, "layer"),
                             layer_working_set_bytes(arch, run)["peak"])
     layer_totals = {alive: static - grads_at_loss + held + around + copies + working
@@ -147,7 +150,7 @@ def _phases(arch: Architecture, run: RunShape) -> Phases:
               "optimizer step": static + comm_buffer_bytes(arch, run, "step") + step}
     if tied := tied_embedding_backward_bytes(arch, run):
         totals["end of backward"] = static + comm_buffer_bytes(arch, run, "step") + tied
-    return Phases(states, checkpointed, stored, layer, loss, step, totals, stored_in_layer)
+    return Phases(states, checkpointed, stored, layer, loss, step, totals, stored_in_layer, mask)
 
 
 # ---- 2. the device table: one term per line, the peak phase's counted ------------------------------------------------
@@ -230,6 +233,11 @@ def _device_terms(arch: Architecture, run: RunShape, phases: Phases) -> list[Ter
                           f"stored activations (the last {L - k} of {L} layers, not checkpointed)",
                           gib(phases.stored), f"{length_setting}; gradient_checkpointing{partial}", dev,
                           in_fwd_bwd and (peak == "loss" or phases.stored_in_layer)))
+    if phases.mask:
+        rows, n = run.attention_rows
+        terms.append(Term(f"packed row's attention mask ({n:,} x {n:,}, one per forward)", gib(phases.mask),
+                          f"{length_setting}; packing / padding_free with attn_implementation "
+                          f"{run.attn_implementation} (flash_attention_2/3/4 run varlen, no mask)", dev, in_fwd_bwd))
     layer_knobs = ["tiled_mlp_shards" if run.tiled_mlp else "tiled_mlp" if ds else "", "attn_implementation"]
     layer_knobs = [k for k in layer_knobs if k]
     if run.layout.cp > 1:

@@ -168,7 +168,7 @@ def plan_memory(setup, target: Target, auto: bool = False, model: hub.ModelConfi
     arch = architecture(model)
     run = run_shape(setup, environ)
     if data is not None:
-        run = replace(run, real_token_share=data.real_share)
+        run = replace(run, real_token_share=data.real_share, conversation_length=data.attention_length)
         if not auto:
             run = run.with_length(data.peak_length(run.layout.seq_multiple))
     longest = None

@@ -15,7 +15,7 @@ from launch.constants import CP_COMM_KEY
 from launch.config.layout import Layout, training_value
 from launch.config.precision import BYTES, Precision, load_dtype, mixed_precision
 from launch.switches import is_on
-from launch.config.training_args import Checkpointing, checkpointing
+from launch.config.training_args import Checkpointing, checkpointing, padding_free_batches
 
 
 def _reshards(layout: Layout, fsdp: dict) -> bool:
@@ -103,6 +103,15 @@ class RunShape:
     # packing fill or 1 - its padding fraction); None unmeasured. Memory ignores it; the throughput model turns its
     # tokens/s into useful tokens/s with it
     real_token_share: float | None = None
+    # padding-free batches (TRL 1.16: `packing: true` with `bfd` / `bfd_split`, or `padding_free: true`;
+    # launch.config.training_args.padding_free_batches): the collator flattens each micro-batch into ONE row of
+    # per_device_train_batch_size x max_length tokens, position_ids restarting at each conversation, no attention
+    # mask. What that costs depends on the attention (`masked_attention`, `attention_rows`)
+    padding_free: bool = False
+    # padding-free: the token-weighted mean conversation length (sum of l^2 / sum of l over the measured
+    # conversations, each cut at max_length: launch.facts.dataset.Profile.attention_length), what a varlen kernel's
+    # causal triangles cost per token; None unmeasured: full-length conversations (max_length each)
+    conversation_length: float | None = None
 
     def __post_init__(self):
         if not self.layout.max_length:
@@ -138,6 +147,26 @@ class RunShape:
     @property
     def uses_ulysses(self) -> bool:
         return self.layout.sp > 1 if self.ulysses_attention is None else self.ulysses_attention
+
+    @property
+    def masked_attention(self) -> bool:
+        """Whether attention runs over a materialised mask of the flat packed row: padding-free batches with sdpa or
+        eager. transformers 5.23's `create_causal_mask` (masking_utils.py) finds the conversations from the
+        position_ids (`find_packed_sequence_indices`) and, for sdpa, builds ONE boolean [1, 1, T, T] block-diagonal
+        causal mask per model forward (`sdpa_mask`, `allow_is_causal_skip` off for packed sequences), which every
+        layer reuses; eager gets it as an additive float mask (`eager_mask`). FlashAttention 2/3/4 run varlen over
+        the collator's cu_seq_lens: no mask. A GPU run only (the CPU profile trains padded rows)."""
+        return self.padding_free and self.attn_implementation in ("sdpa", "eager")
+
+    @property
+    def attention_rows(self) -> tuple[int, int]:
+        """(rows, tokens per row) of one micro-batch as the attention kernel sees it on this rank: padding-free, one
+        row of per_device_train_batch_size x per-rank length; else the micro-batch's rows of the per-rank length
+        (Ulysses: the full sequence of its heads)."""
+        layout = self.layout
+        if self.padding_free:
+            return 1, layout.tokens_per_rank
+        return layout.per_device_train_batch_size, layout.per_rank_length * layout.sp
 
     @property
     def residual_bytes(self) -> int:
@@ -208,6 +237,7 @@ class RunShape:
             adapter=Adapter.from_training(training),
             cpu_ram_efficient_loading=layout.sharding == "fsdp" and is_on(fsdp.get("fsdp_cpu_ram_efficient_loading")),
             synthetic=is_on(training.get("synthetic", False)),
+            padding_free=padding_free_batches(training) and not cpu,
         )
 
     @classmethod

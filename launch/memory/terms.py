@@ -260,7 +260,38 @@ def _kv_dim_attention(arch: Architecture, run: RunShape) -> int:
     (`kv_replication_factor`): per local token that is head_dim x max(kv_heads, sp)."""
     if run.uses_ulysses:
         return arch.head_dim * max(arch.num_key_value_heads, run.layout.sp)
+    if run.masked_attention and run.attn_implementation == "sdpa":
+        # transformers 5.23 integrations/sdpa_attention.py: `use_gqa_in_sdpa` is False on CUDA once there is a mask,
+        # so `repeat_kv` copies K and V to every query head and SDPA saves those copies
+        return arch.q_dim
     return arch.kv_dim
+
+
+def packed_mask_bytes(arch: Architecture, run: RunShape) -> dict:
+    """The attention mask of a padding-free row (`RunShape.masked_attention`; 0 otherwise), T = the flat row's tokens:
+
+    - "model": the mask transformers builds once per model forward (masking_utils.py `create_causal_mask` ->
+      `sdpa_mask`: a boolean [1, 1, T, T], 1 byte an element; `eager_mask`: an additive one in the embeddings' dtype)
+      and hands to every layer. Checkpointed layers hold it through the backward (`GradientCheckpointingLayer` binds
+      the keyword arguments into the recompute's `partial`); with no layer checkpointed it dies with the model's
+      forward (the attention nodes keep their own bias, below). Its construction's temporaries (the `==` of the
+      conversation ids, the causal `<=`, their `&`: a few T x T booleans) come and go before the first layer.
+    - "layer": SDPA's own copy, per layer call: torch turns the boolean mask into an additive bias of the query's
+      dtype (aten/src/ATen/native/transformers/attention.cpp `convert_boolean_attn_mask`, `at::where` of the
+      inverted mask; `convert_boolean_attn_mask_cudnn` for the cuDNN backend, the same size), T^2 x 2 bytes under
+      bf16, which the memory-efficient and cuDNN attention nodes save for their backward (torch 2.13
+      derivatives.yaml: `attn_bias` is an input of `_efficient_attention_backward` and of
+      `_scaled_dot_product_cudnn_attention_backward`, no gradient asked of it). So a recomputed layer holds one
+      through its backward, and every layer not checkpointed keeps its own until the backward reaches it. The
+      inverted mask `at::where` reads (T^2 booleans) is freed as the call returns. eager adds the model's float
+      mask to its scores without a copy (its [heads, T, T] scores: `layer_saved_bytes_per_token`)."""
+    if not run.masked_attention:
+        return {"model": 0.0, "layer": 0.0}
+    rows, n = run.attention_rows
+    cells = rows * n * n
+    if run.attn_implementation == "eager":
+        return {"model": cells * run.residual_bytes, "layer": 0.0}
+    return {"model": float(cells), "layer": float(cells * run.act_bytes)}
 
 
 def layer_saved_bytes_per_token(arch: Architecture, run: RunShape) -> dict:
@@ -318,7 +349,7 @@ def layer_saved_bytes_per_token(arch: Architecture, run: RunShape) -> dict:
     if run.uses_ulysses:
         attn["Ulysses local output"] = a * qd
     if run.attn_implementation == "eager":
-        n_kv = run.layout.per_rank_length * run.layout.sp
+        n_kv = run.attention_rows[1]  # keys per query row: the flat packed row when padding-free
         attn["eager softmax (fp32 + 16-bit)"] = (F32 + a) * nh * n_kv
         attn["eager repeat_kv"] = 2 * a * (qd - arch.kv_dim)
     mlp = {}
@@ -386,7 +417,7 @@ def layer_working_set_bytes(arch: Architecture, run: RunShape, n_tokens: int | N
     elif run.attn_implementation == "flash_attention_3":
         ws = F32 * (qd + 2 * kvd)
     else:  # eager: grads of the probabilities and of the scores
-        n_kv = run.layout.per_rank_length * run.layout.sp
+        n_kv = run.attention_rows[1]
         ws = (F32 + a) * nh * n_kv
     if run.layout.cp > 1:
         kv = a * 2 * arch.kv_dim
@@ -394,12 +425,13 @@ def layer_working_set_bytes(arch: Architecture, run: RunShape, n_tokens: int | N
         ws += F32 * (qd + 2 * arch.kv_dim) + 2 * F32 * 2 * arch.kv_dim
     peak_attn = (s_attn + held + grads + ws) * n
     deq = adapters.dequantized_weight_bytes(arch, run)  # QLoRA: a 4-bit weight dequantized for its backward
-    peak_mlp += deq
-    peak_attn += deq
+    bias = packed_mask_bytes(arch, run)["layer"]  # SDPA's additive bias of a packed row, saved with q, k, v
+    peak_mlp += deq + bias
+    peak_attn += deq + bias
     if not run.gradient_checkpointing:
         # stored activations are counted separately (all layers); here only the backward's transients
-        peak_mlp -= (s_attn + s_mlp) * n
-        peak_attn -= s_attn * n
+        peak_mlp -= (s_attn + s_mlp) * n + bias
+        peak_attn -= s_attn * n + bias
     return {"mlp_backward": peak_mlp, "attention_backward": peak_attn, "peak": max(peak_mlp, peak_attn)}
 
 
@@ -411,7 +443,7 @@ def stored_activation_bytes(arch: Architecture, run: RunShape, n_tokens: int | N
     run = without_checkpointing(run)
     saved = layer_saved_bytes_per_token(arch, run)
     per_token = sum(saved["attention"].values()) + sum(saved["mlp"].values()) + run.residual_bytes * arch.hidden_size
-    return stored * per_token * n
+    return stored * (per_token * n + packed_mask_bytes(arch, run)["layer"])
 
 
 def loss_bytes(arch: Architecture, run: RunShape, n_tokens: int | None = None) -> dict:

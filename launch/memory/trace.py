@@ -173,9 +173,39 @@ class _FlashAttention:
                 del accum, expanded
                 return dq, dk, dv
 
+        class Masked(torch.autograd.Function):
+            """SDPA with a boolean mask (a padding-free row's block-diagonal one) as the CUDA memory-efficient and
+            cuDNN backends allocate: `convert_boolean_attn_mask` (attention.cpp) inverts the mask and writes the
+            query dtype's additive bias, which the attention node saves with q, k, v, the output and the fp32
+            log-sum-exp; the backward an fp32 dq accumulator and dq, dk, dv (K and V come at every query head:
+            transformers' repeat_kv under a mask)."""
+
+            @staticmethod
+            def forward(ctx, q, k, v, mask):
+                inverted = torch.logical_not(mask)
+                bias = torch.empty(mask.shape, dtype=q.dtype)
+                del inverted
+                out = torch.empty_like(q)
+                lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+                ctx.save_for_backward(q, k, v, bias, out, lse)
+                return out
+
+            @staticmethod
+            def backward(ctx, dout):
+                q, k, v, _bias, _out, _lse = ctx.saved_tensors
+                accum = torch.empty_like(q, dtype=torch.float32)
+                dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+                del accum
+                return dq, dk, dv, None
+
         def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
             if attn_mask is not None:
-                raise ValueError("the trace's flash stand-in takes causal attention without a mask (synthetic rows)")
+                if attn_mask.dtype != torch.bool:
+                    raise ValueError("the trace's SDPA stand-in takes a boolean mask (a packed row's) or none")
+                if torch.is_autocast_enabled("cpu"):  # CUDA's autocast runs SDPA in the low dtype (its fp16 list)
+                    low = torch.get_autocast_dtype("cpu")
+                    q, k, v = (t.to(low) for t in (q, k, v))
+                return Masked.apply(q, k, v, attn_mask)
             return Flash.apply(q, k, v)
 
         return sdpa
@@ -234,8 +264,16 @@ def trace(config, run: RunShape, *, analytic=None) -> Traced:
             stack.enter_context(_patched(torch.nn.functional, "dropout", _cuda_dropout(torch)))
         stack.enter_context(_patched(modeling_utils, "save_on_cpu", _offload_to_meta))
         # one sequence per row (synthetic or padded rows): transformers tells packed rows from their position ids,
-        # a data-dependent test that fake tensors answer "maybe" (a full [rows, 1, L, L] mask); the run skips the mask
-        stack.enter_context(_patched(masking_utils, "find_packed_sequence_indices", lambda *_a, **_k: None))
+        # a data-dependent test that fake tensors answer "maybe" (a full [rows, 1, L, L] mask); the run skips the mask.
+        # A padding-free run: one flat row of micro-batch x length tokens, position ids restarting at each of the
+        # micro-batch's conversations (full-length ones), whose indices are given as the test would find them
+        batch, length = layout.per_device_train_batch_size, layout.per_rank_length
+        packed = run.padding_free and gpu
+
+        def conversations(*_a, **_k):
+            return torch.arange(batch).repeat_interleave(length)[None] if packed else None
+
+        stack.enter_context(_patched(masking_utils, "find_packed_sequence_indices", conversations))
         group = None
         if fsdp:
             from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -269,10 +307,10 @@ def trace(config, run: RunShape, *, analytic=None) -> Traced:
             optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5,
                                           fused=True)
             _create_adam_states(model, optimizer, torch, keep_grads=layout.gradient_accumulation_steps > 1)
-            batch = layout.per_device_train_batch_size
-            length = layout.per_rank_length
-            ids = torch.zeros((batch, length), dtype=torch.long)
-            peak, cats, host = _run_step(model, optimizer, ids, fsdp, gpu and act != torch.float32, act, torch)
+            ids = torch.zeros((1, batch * length) if packed else (batch, length), dtype=torch.long)
+            positions = torch.arange(length).repeat(batch)[None] if packed else None
+            peak, cats, host = _run_step(model, optimizer, ids, fsdp, gpu and act != torch.float32, act, torch,
+                                         positions)
         finally:
             if group:
                 dist.destroy_process_group()
@@ -376,7 +414,7 @@ class _NoHook:
 _NO_HOOK = _NoHook()
 
 
-def _run_step(model, optimizer, ids, fsdp: bool, autocast: bool, act, torch):
+def _run_step(model, optimizer, ids, fsdp: bool, autocast: bool, act, torch, positions=None):
     """Forward (TRL's fused loss), backward, optimizer step under the tracker: (peak bytes on the device, bytes per
     category at that peak, peak bytes on the `meta` stand-in for the host)."""
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -394,7 +432,8 @@ def _run_step(model, optimizer, ids, fsdp: bool, autocast: bool, act, torch):
     amp = torch.autocast("cpu", dtype=act) if autocast else contextlib.nullcontext()
     with tracker:
         with amp:
-            out = model(input_ids=ids, labels=ids, fused_lm_head=True)
+            extra = {} if positions is None else {"position_ids": positions}
+            out = model(input_ids=ids, labels=ids, fused_lm_head=True, **extra)
             loss = -out.log_probs.sum() / out.label_mask.sum().clamp(min=1)
         loss.backward()
         optimizer.step()

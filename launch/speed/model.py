@@ -82,6 +82,13 @@ LAYER_OPS = {
     # the two grads (10), one kernel each way.
     "swiglu": {"eager": Op(10, 18, 2, 3), "liger": Op(6, 10, 1, 1)},
 }
+# A packed row's mask under SDPA (`RunShape.masked_attention`): per layer call torch converts transformers' boolean
+# [T, T] mask into the query dtype's additive bias (attention.cpp `convert_boolean_attn_mask`: `logical_not` reads
+# and writes T^2 bytes, `at::where` reads them and writes T^2 x 2), 5 bytes per cell in 2 kernels, in every forward
+# pass (the recomputed one too); the model builds the boolean mask once per forward (masking_utils `sdpa_mask`: the
+# conversation ids compared, the causal test, their `&`: about 1 + 1 + 3 bytes per cell in 3 kernels).
+MASK_TO_BIAS = Op(5, 0, 2, 0)
+MASK_BUILD = Op(5, 0, 3, 0)
 RESIDUAL_ADD = Op(6, 6, 1, 1)  # residual + x: read 4 write 2; backward: the two gradient paths summed
 GRAD_SUM = Op(0, 6, 0, 1)  # a tensor several matmuls read (the norm output into q/k/v, into gate/up): grads summed
 ATTN_OUTPUT_COPY = Op(4, 4, 1, 1)  # sdpa_attention_forward's transpose(1, 2).contiguous() of the output, its grad
@@ -261,12 +268,16 @@ def flops_by_convention(arch: Architecture, run: RunShape) -> dict:
     x (2 + trainable / frozen) / 3)."""
     mfu_args = (flops_params(arch), arch.num_layers, arch.num_attention_heads, arch.head_dim, run.layout.max_length)
     out = {"model": flops_per_token(*mfu_args), "model_causal": flops_per_token(*mfu_args, causal=True)}
-    attention = 2 * (out["model"] - out["model_causal"])  # 12 L H d S, what the causal convention halves
-    # the recomputed forward: its matmuls (2 N_layers) and its causal attention (a sixth of the non-causal 12 L H d S)
-    recompute = (2 * arch.num_layers * arch.matmul_params_per_layer + attention / 6) * recomputed_share(arch, run)
+    # the attention the kernels execute, forward, per token (`attention_forward_flops`: the causal half of the
+    # 12 L H d S / 3 for unmasked rows; a packed row's whole square under SDPA's mask; conversations' triangles
+    # under varlen), run forward, backward (twice) and again where checkpointing recomputes the forward
+    executed = arch.num_layers * attention_forward_flops(arch, run) / run.layout.tokens_per_rank
+    share = recomputed_share(arch, run)
+    causal = out["model"] - out["model_causal"]  # 6 L H d S: the causal attention of the forward and backward
+    recompute = 2 * arch.num_layers * arch.matmul_params_per_layer * share
     if run.tiled_mlp:
         recompute += 2 * arch.num_layers * arch.mlp_params_per_layer
-    out["hardware"] = out["model_causal"] + recompute
+    out["hardware"] = out["model_causal"] - causal + executed * (3 + share) + recompute
     kernels = _micro_batch_kernels(arch, run)
     out["executed"] = sum(k.count * k.flops for k in kernels) / run.layout.tokens_per_rank
     if run.adapter is not None:
@@ -278,6 +289,46 @@ def flops_by_convention(arch: Architecture, run: RunShape) -> dict:
 
 
 # ---- the kernels of one micro-batch -------------------------------------------------------------------------------
+def masked_sdpa_backend(gpu: gpus.GPU) -> str:
+    """The SDPA backend a packed row's boolean mask gets on `gpu` in the image (torch 2.13 built for CUDA 13.0 with
+    the cuDNN wheel of requirements/image.lock, 9.20), by torch's dispatch (aten/src/ATen/native/transformers/cuda/
+    sdp_utils.cpp): `check_prefer_cudnn_attention` puts cuDNN attention first on compute capability 9.x and 10.x
+    once the loaded cuDNN is newer than 9.15 (a CUDA 13 build), and cuDNN takes a mask (`check_attn_mask_shape`);
+    the flash backend refuses one (`check_for_attn_mask`), so elsewhere the memory-efficient kernel (CUTLASS, sm50
+    to sm121) runs it. Read from the source, not measured here: `python -m launch doctor`'s "SDPA backend" line
+    reports what a GPU picks (`launch.checks.traps.check_sdpa_backend`, a boolean mask among its probes)."""
+    major, _minor = gpus.COMPUTE_CAPABILITY[gpu.name]
+    return "cuDNN attention" if major in (9, 10) else "memory-efficient attention"
+
+
+def attention_forward_flops(arch: Architecture, run: RunShape) -> float:
+    """Forward FLOPs of one layer's attention on one micro-batch (4 x q_dim per query-key pair: QK^T and PV; the
+    backward is twice this), by what the kernel computes:
+
+    - rows of one sequence each (padded or synthetic rows; ring CP's share of them), causal without a mask: the
+      flash / cuDNN kernels skip the masked blocks, half the square: 4 q_dim x T x S / 2 (T the rank's tokens, S
+      max_length);
+    - a padding-free row under a mask (`RunShape.masked_attention`: sdpa, eager): transformers passes the mask with
+      `is_causal=False` (integrations/sdpa_attention.py), and SDPA's kernels that take a mask (memory-efficient,
+      cuDNN, math) add the bias to every block of the row's T x T scores and skip none: 4 q_dim x T^2, a micro-batch
+      of b full conversations costing 2 b times their causal attention padded;
+    - a padding-free row under FlashAttention 2/3/4 (varlen over cu_seq_lens): each conversation's own causal
+      triangle, sum of l^2 / 2 = T x l / 2 with l the token-weighted mean conversation length
+      (`RunShape.conversation_length`, from the measured dataset), or full-length conversations (l = max_length)
+      where the dataset is not measured: then the padded formula.
+    The kernel's rate is the calibrated attention fraction for every kernel (measured on causal flash/cuDNN
+    attention: launch.facts.calibration); the masked kernels' own rate is not measured (the memory-efficient kernel,
+    an sm80 CUTLASS kernel, runs below the flash rate on Hopper), so a packed-SDPA prediction errs fast."""
+    T, S, q = run.layout.tokens_per_rank, run.layout.max_length, arch.q_dim
+    if run.masked_attention:
+        rows, n = run.attention_rows
+        return 4 * q * rows * n * n
+    if run.padding_free:
+        length = min(run.conversation_length or S, S)
+        return 4 * q * T * length / 2
+    return 4 * q * S * T / 2
+
+
 def recomputed_share(arch: Architecture, run: RunShape) -> float:
     """The share of the decoder layers whose forward the backward runs again: 1 with checkpointing, 0 without, k / L
     with `checkpointing_layers: k` (RunShape.checkpointed_layers)."""
@@ -306,6 +357,11 @@ def layer_ops(arch: Architecture, run: RunShape) -> list[tuple[int, Op]]:
            (q, ATTN_OUTPUT_COPY)]
     if arch.qk_norm:
         ops.append((q + kv, LAYER_OPS["rmsnorm"]["eager"]))
+    if run.masked_attention and kv < q:
+        # transformers' `repeat_kv` under a mask (integrations/sdpa_attention.py: no `enable_gqa` on CUDA with a mask):
+        # K and V copied to every query head, per element of the copy a 16-bit write and kv / q of a read; backward,
+        # the copies' gradients read and summed down to the kv heads
+        ops.append((2 * q, Op(2 + 2 * kv / q, 2 + 2 * kv / q, 2, 2)))
     if run.adapter is not None:
         less = ([] if run.adapter.dropout > 0 else [LORA_DROPOUT]) + (
             [] if adapters.adapter_dtype_bytes(run) == 4 else [LORA_CASTS])
@@ -336,7 +392,7 @@ def _op_kernels(width: float, op: Op, tokens: int, passes: tuple[float, int], ti
 def _micro_batch_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
     """Every kernel of one micro-batch on one GPU: the layers' GEMMs, attention and memory-bound ops, the final norm,
     TRL's fused LM head, a 4-bit base's dequantization, the sharded strategies' per-micro-batch copies."""
-    L, T, S = arch.num_layers, run.layout.tokens_per_rank, run.layout.max_length
+    L, T = arch.num_layers, run.layout.tokens_per_rank
     passes = _passes(arch, run)
     fwd = passes[0]
     frozen = run.adapter is not None
@@ -348,8 +404,12 @@ def _micro_batch_kernels(arch: Architecture, run: RunShape) -> list[Kernels]:
         out.append(Kernels(L * (fwd + 1 + (0 if frozen else 1)), flops=gemm))  # forward(s), input grad, weight grad
     if frozen:  # LoRA's two small GEMMs per wrapped layer are in its memory-bound ops; their FLOPs here, once each
         out.append(Kernels(1, flops=2 * T * adapters.adapter_params(arch, run) * (fwd + 2)))
-    attention = 4 * arch.q_dim * S * T / 2  # forward FLOPs of one layer's causal attention
+    attention = attention_forward_flops(arch, run)  # one layer's forward
     out += [Kernels(L * fwd, flops=attention, attention=True), Kernels(L, flops=2 * attention, attention=True)]
+    if run.masked_attention and run.attn_implementation == "sdpa":
+        rows, n = run.attention_rows
+        cells = rows * n * n
+        out += _op_kernels(cells, MASK_TO_BIAS, 1, (fwd, 1), L) + _op_kernels(cells, MASK_BUILD, 1, (1, 1), 1)
     if run.tiled_mlp:  # DeepSpeed's TiledMLP recomputes each shard's MLP forward in the backward
         out.append(Kernels(L * 3, flops=2 * T * arch.hidden_size * arch.intermediate_size))
     out += _op_kernels(arch.hidden_size, LAYER_OPS["rmsnorm"][run.layer_kernels], T, (1, 1), 1)  # the final norm
@@ -559,6 +619,8 @@ def row_run(row: calibration.MeasuredRow, dtype: str | None = None) -> tuple[Arc
     training = {**recipe.config, "max_length": row.max_length, "use_liger_kernel": row.liger,
                 "per_device_train_batch_size": row.per_device_train_batch_size,
                 "gradient_accumulation_steps": row.gradient_accumulation_steps, "synthetic": True,
+                # the measured rows ran unpacked: full rows of max_length, causal attention without a mask
+                "packing": False, "padding_free": False,
                 "dtype": dtype or row.dtype,
                 "activation_checkpointing": row.checkpointing == "transformers",
                 "activation_checkpointing_kwargs": {"offload": row.offload} if row.checkpointing == "transformers"

@@ -24,22 +24,11 @@ packing has no boundaries to keep (its rows are token windows, chosen as such).
 from __future__ import annotations
 
 from launch.checks.rules.registry import Facts, _cp, _sp, rule
+# TRL 1.16's reading of padding-free batches, shared with the memory and throughput models
+from launch.config.training_args import PADDING_FREE_STRATEGIES, packs_by_conversation, padding_free_batches  # noqa: F401
 
-# TRL 1.16's strategies whose batches are padding-free (SFTTrainer.__init__)
-PADDING_FREE_STRATEGIES = ("bfd", "bfd_split")
 # transformers 5.23's attentions that take the conversation boundaries from position_ids / cu_seq_lens (above)
 BOUNDARY_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "flash_attention_4")
-
-
-def packs_by_conversation(training: dict, packing_key: str = "packing") -> bool:
-    """Whether `packing_key` (packing or eval_packing) packs conversations into rows whose boundaries are kept in
-    `seq_lengths` (bfd, bfd_split), as opposed to wrapped token windows."""
-    return bool(training.get(packing_key)) and training.get("packing_strategy", "bfd") in PADDING_FREE_STRATEGIES
-
-
-def padding_free_batches(training: dict) -> bool:
-    """Whether TRL's collator builds padding-free rows (several conversations in one row, no attention mask)."""
-    return bool(training.get("padding_free")) or packs_by_conversation(training)
 
 
 def model_attention(training: dict) -> str | None:
