@@ -1107,8 +1107,11 @@ def test_recipes_on_80gb():
                      f"{'fits' if fits(est, H100) else 'DOES NOT FIT'}  longest {longest:>10,}  "
                      f"host/node {est.host_per_node_gib:7.1f} GiB  largest: {est.largest_gpu_term().name}")
         assert fits(est, H100) and longest >= run.layout.max_length, lines[-1]
-        if name == "ring-cp-2gpu":  # README: the longest that fitted with 10% of the memory spare when chosen
-            assert 0.8 * H100 <= est.gpu_peak_gib <= 0.9 * H100, lines[-1]
+        if name == "ring-cp-2gpu":  # README: the longest that fitted with 10% of the memory spare when chosen,
+            # with every layer checkpointed; partial checkpointing (`checkpointing_layers`, the fastest that fits
+            # within the launcher's 5% spare: tests/test_fastest.py) then spends part of that spare on speed
+            full = estimate(arch, replace(run, checkpointing_layers=None))
+            assert 0.8 * H100 <= full.gpu_peak_gib <= 0.9 * H100, lines[-1]
         if name == "ring-cp-4gpu":  # README: the longest power of two that fits with 10% of the memory spare
             spare = longest_length(arch, run, 0.9 * H100, multiple=multiple)
             assert run.layout.max_length <= spare < 2 * run.layout.max_length, (spare, lines[-1])
@@ -1206,7 +1209,10 @@ def test_a_synthetic_fsdp2_run_plans_its_whole_model_start_up():
     synthetic run cannot fit on 80 GB GPUs (its real run does); DDP, ZeRO and CPU runs have no such term."""
     for name, fits_synthetic in (("fsdp2", True), ("fsdp2-70b", False)):
         arch, run = recipe_run(name)
-        run = replace(run, gradient_checkpointing=True)  # fsdp2's GPU default does without: training would peak
+        # fsdp2's GPU default does without checkpointing, and accumulates (FSDP's unsynced gradients): training would
+        # peak; checkpointed and without accumulation, start-up is the peak
+        run = replace(run, gradient_checkpointing=True, checkpointing_layers=None,
+                      layout=replace(run.layout, gradient_accumulation_steps=1))
         real, synthetic = estimate(arch, run), estimate(arch, replace(run, synthetic=True))
         assert fits(real, H100) and fits(synthetic, H100) is fits_synthetic
         [startup] = [t for t in synthetic.gpu_terms if t.name.startswith("synthetic start-up")]
