@@ -119,7 +119,8 @@ def tolerance(family: str, precision: str, kind: str) -> dict:
                  ("zero3", "fp32"): "tests/test_failures.py (a dying rank, then resume)",
                  ("cp2", "fp32"): "tests/test_failures.py (a dying rank, then resume: ring-cp-2gpu)",
                  ("alst", "fp32"): "tests/test_failures.py (a dying rank, then resume: alst-ulysses-4gpu)",
-                 ("lora", "fp32"): "tests/test_lora.py::test_resume_after_a_dying_rank_equals_the_uninterrupted_run"}
+                 ("lora", "fp32"): "tests/test_lora.py::test_resume_after_a_dying_rank_equals_the_uninterrupted_run",
+                 ("qlora", "fp32"): "tests/test_qlora.py::test_resume_after_a_dying_rank_equals_the_uninterrupted_run"}
         if (family, precision) in where:
             return suite(1e-6, 1e-6, where[family, precision])
         return proposed(1e-6, 1e-6, "the suite's resume tolerance for the other families: a checkpoint holds the "

@@ -48,7 +48,7 @@ SECTIONS = (
     # patch runs only when a sequence-parallel run resumes, but the recipes that can resume one are those with SP.
     Section("ulysses-resume", "`parallelism_config_sp_size` above 1 in the Accelerate config",
             lambda config, accelerate: _number((accelerate.get("parallelism_config") or {}).get(MESH_KEYS["sp"])) > 1),
-    Section("fsdp1-adapter-save", "`use_peft: true` in config.yaml with an FSDP1 Accelerate config (fsdp_version 1)",
+    Section("fsdp1-adapter", "`use_peft: true` in config.yaml with an FSDP1 Accelerate config (fsdp_version 1)",
             lambda config, accelerate: is_on(config.get("use_peft")) and accelerate.get("distributed_type") == "FSDP"
             and _number((accelerate.get("fsdp_config") or {}).get("fsdp_version") or 1) == 1),
     # Every FSDP config, not only those that say SHARDED_STATE_DICT: the type can also be switched where the recipe

@@ -1,4 +1,4 @@
-# Copied from templates/train.py [sections: fsdp1-adapter-save, sharded-final-save]
+# Copied from templates/train.py [sections: fsdp1-adapter, sharded-final-save]
 # (`python -m launch sync-scripts` keeps it equal to the template; delete these two lines to fork it)
 """Supervised fine-tuning with TRL's SFTTrainer, launched by `accelerate launch`.
 
@@ -115,7 +115,8 @@ def main(script_args, training_args, model_args, dataset_args, recipe_args):
         add_callbacks(trainer)
 
     if model_args.use_peft and getattr(trainer.accelerator.state.fsdp_plugin, "fsdp_version", None) == 1:
-        find_adapter_under_fsdp1_wrappers()
+        find_adapter_under_fsdp1_wrappers()  # the adapter files written (checkpoints, final/) hold its tensors
+        load_adapter_under_fsdp1_wrappers()  # and a resumed run loads them back
 
     # FSDP with SHARDED_STATE_DICT: the final save is launch/rank/consolidate.py's (transformers' writes no weights)
     save_sharded = sharded_final_save(trainer)
@@ -163,6 +164,53 @@ def find_adapter_under_fsdp1_wrappers() -> None:
         return {p.replace("_fsdp_wrapped_module.", "") for p in prefixes(model, adapter_name)}
 
     tuners_utils._get_tuner_state_dict_key_prefixes = without_wrappers
+
+
+def load_adapter_under_fsdp1_wrappers() -> None:
+    """Load a checkpoint's adapter into the FSDP1-wrapped model when a run resumes (and at load_best_model_at_end),
+    or stop: without this, a resumed run trains on from the adapter's initial weights with the restored optimizer
+    state, silently (recipes/qlora-fsdp's CPU smoke model stopped at step 3: 0.28 off in loss at step 4).
+
+    transformers 5.23's Trainer loads an FSDP checkpoint with accelerate 1.15's `load_fsdp_model(...,
+    adapter_only=True)`, which reads the adapter's tensors (keys without the adapter's name) on every rank and hands
+    them, with the FSDP1-wrapped model, to PEFT 0.21.2's `set_peft_model_state_dict`
+    (accelerate/utils/fsdp_utils.py `_set_model_state_dict`). PEFT maps the keys to the model's for an unwrapped
+    model only: it adds the adapter's name from the names of `model.state_dict()`, which FSDP1 returns empty on every
+    rank but the first under the FULL_STATE_DICT config's rank0_only, and it drops the leading `base_model.model.`
+    because the wrapper's own parameter names (`_fsdp_wrapped_module...._flat_param`) do not start with it. No key
+    then names a parameter of the model, and its `load_state_dict(strict=False)` loads nothing; neither PEFT,
+    accelerate nor transformers looks at the missing and unexpected keys. (accelerate PR #4206 mended the FSDP2 path
+    of the same load; FSDP1's goes to PEFT as before. No upstream report of the FSDP1 case found.)
+
+    Here: the same `load_state_dict` on the wrapped model, inside the same FSDP state-dict context (FSDP1 gathers
+    each unit, copies in what the dict holds and shards it again), with the keys the model has: the adapter's name
+    put back before each key's last part, as PEFT names a LoRA layer's tensors (`...q_proj.lora_A.weight` ->
+    `...q_proj.lora_A.default.weight`). A key that names nothing in the model, or an adapter tensor the checkpoint
+    lacks, stops the run. Any other load (not adapter-only, not FSDP1, not PEFT) is accelerate's own."""
+    import accelerate.utils.fsdp_utils as fsdp_utils
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    upstream = fsdp_utils._set_model_state_dict
+
+    def set_model_state_dict(model, state_dict, adapter_only=False, sd_options=None):
+        if not (adapter_only and isinstance(model, FSDP) and fsdp_utils.is_peft_model(model)):
+            return upstream(model, state_dict, adapter_only=adapter_only, sd_options=sd_options)
+        adapter = model.active_adapter
+
+        def model_key(key):
+            module, _, tensor = key.rpartition(".")
+            return f"{module}.{adapter}.{tensor}"
+
+        result = model.load_state_dict({model_key(k): v for k, v in state_dict.items()}, strict=False)
+        not_loaded = [k for k in result.missing_keys if f".{adapter}." in k]
+        if result.unexpected_keys or not_loaded or not state_dict:
+            raise RuntimeError(
+                f"The checkpoint's adapter ({len(state_dict)} tensors) does not fit the FSDP1-wrapped model: keys "
+                f"naming nothing in it {sorted(result.unexpected_keys)[:3]}, adapter tensors not in the checkpoint "
+                f"{sorted(not_loaded)[:3]}.")
+        return result
+
+    fsdp_utils._set_model_state_dict = set_model_state_dict
 
 
 # ---- FSDP's sharded final save (used by main when the FSDP plugin saves SHARDED_STATE_DICT) --------------------------
