@@ -105,8 +105,11 @@ def smoke_checkpointing(config: dict, accelerate: dict | None = None) -> tuple[d
     FSDP's would save empty). Nothing where the recipe checkpoints already. `config` is the recipe's config.yaml, with
     `use_peft: true` where the run turns an adapter on after `--` (launch.run.resolve)."""
     ckpt = checkpointing(config, accelerate)
+    # A partial setting (`checkpointing_layers`: the first k of the GPU model's layers) counts that model's layers;
+    # the smoke model checkpoints every one of its own, as recorded (the losses are the same either way).
+    every = {"checkpointing_layers": smoke.SMOKE_SPEC["model"]["num_hidden_layers"]} if ckpt.layers else {}
     if ckpt.on:
-        return {}, {}
+        return every, {}
     if ckpt.by == "FSDP":
         return {}, {FSDP_CHECKPOINTING: True}
     return {"activation_checkpointing": True}, {}
