@@ -21,10 +21,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RecipeArguments:
-    accelerate_config: str | None = field(
-        default=None,
-        metadata={"help": "Accelerate config this recipe is launched with (read by `python -m launch`)."},
-    )
+    accelerate_config: str | None = field(default=None, metadata={
+        "help": "Accelerate config this recipe is launched with (read by `python -m launch`)."})
     # begin section tiled-mlp
     tiled_mlp: bool = field(
         default=False,
@@ -44,24 +42,15 @@ class RecipeArguments:
         },
     )
     # end section tiled-mlp
-    synthetic: bool = field(
-        default=False,
-        metadata={
-            "help": "Benchmark without inputs (no weights, tokenizer or dataset read): config.json's architecture, "
-            "random weights, rows of max_length random tokens, same SFTTrainer (launch/rank/synthetic.py); no final/."
-        },
-    )
+    synthetic: bool = field(default=False, metadata={
+        "help": "Benchmark without inputs (no weights, tokenizer or dataset read): config.json's architecture, "
+        "random weights, rows of max_length random tokens, same SFTTrainer (launch/rank/synthetic.py); no final/."})
     synthetic_rows: int | None = field(default=None, metadata={
         "help": "Rows of a synthetic run (made when read). Default: enough for max_steps on every process."})
     save_final: bool = field(default=True, metadata={"help": "Save the final model in OUTPUT_DIR/final (--bench: no)."})
-    checkpointing_layers: int | None = field(
-        default=None,
-        metadata={
-            "help": "Partial activation checkpointing: checkpoint only the first k of the model's decoder layers, the "
-            "others keep their activations (less recomputation, more memory), under transformers' checkpointing or "
-            "FSDP2's own. Default: all of them. Which layers and why: launch/rank/partial_checkpointing.py."
-        },
-    )
+    checkpointing_layers: int | None = field(default=None, metadata={
+        "help": "Checkpoint only the first k decoder layers (transformers' or FSDP2's checkpointing), the others keep "
+        "their activations: less recomputation, more memory. Default: all. launch/rank/partial_checkpointing.py."})
     # begin section join-documents
     join_documents_min_chars: int = field(
         default=0,
@@ -132,11 +121,9 @@ def main(script_args, training_args, model_args, dataset_args, recipe_args):
         peft_config=get_peft_config(model_args),
     )
 
-    if recipe_args.checkpointing_layers is not None:
-        # Needs this repository importable, as launch.cpu does (what upstream does not do: the module's docstring)
+    if recipe_args.checkpointing_layers is not None:  # needs this repository importable, as launch.cpu does
         from launch.rank.partial_checkpointing import checkpoint_first_layers
-
-        checkpoint_first_layers(trainer, recipe_args.checkpointing_layers)
+        checkpoint_first_layers(trainer, recipe_args.checkpointing_layers)  # what upstream lacks: its docstring
 
     # begin section tiled-mlp
     # ---- ALST (Arctic Long Sequence Training) memory features: recipes/alst-ulysses-* --------------------------

@@ -202,15 +202,24 @@ def test_the_recomputation_is_k_of_l_of_all_of_it():
 
 
 def test_fastest_checkpoints_the_fewest_layers_that_fit(capsys):
-    """`plan lora --gpus 1 --fastest` (Qwen3-8B, 4,096 tokens, one 80 GB GPU): checkpointing off does not fit at
-    micro-batch 2, all layers is slower than needed; the choice checkpoints the fewest layers that fit, applied as
-    `--checkpointing_layers k`, and is faster than the recipe's own settings."""
+    """`plan lora --gpus 1 --fastest` (Qwen3-8B, 4,096 tokens, one 80 GB GPU) considers partial checkpointing: as
+    the recipe packs (SDPA's block mask over the flat micro-batch), the fewest layers that fit at micro-batch 2 are a
+    candidate, within a percent of micro-batch 1 without checkpointing (the mask's square grows with the micro-batch);
+    on padded rows (`-- --packing false`) checkpointing off does not fit at micro-batch 2, all layers is slower than
+    needed, and the choice checkpoints the fewest layers that fit, applied as `--checkpointing_layers k`, faster
+    than the recipe's own micro-batch."""
     import json
 
     from launch.__main__ import main
     from launch.memory.plan import SPARE
 
     assert main(["plan", "lora", "--gpus", "1", "--fastest", "--json"]) == 0
+    packed = json.loads(capsys.readouterr().out)
+    partial = [c for c in packed["candidates"] if 0 < (c.get("checkpointing_layers") or 0) < 36 and c["fits"]]
+    assert partial and partial[0]["predicted_tokens_per_s_per_gpu"] > 0.98 * packed["fastest"][
+        "predicted_tokens_per_s_per_gpu"]
+
+    assert main(["plan", "lora", "--gpus", "1", "--fastest", "--json", "--", "--packing", "false"]) == 0
     data = json.loads(capsys.readouterr().out)
     chosen = data["fastest"]
     k = chosen["checkpointing_layers"]
