@@ -284,7 +284,7 @@ def test_the_choice_is_applied_as_ordinary_settings_and_the_users_own_win():
     assert fastest.user_given(applied) == ("per_device_train_batch_size",)
     # fsdp2 checkpoints FSDP's way: its two Accelerate flags, which the memory model and the rules read
     fsdp = resolve(Options(recipe="fsdp2"), progress=lambda *_: None)
-    argv, accelerate = fastest.arguments(fsdp, fastest.Settings(True, True, None, 2, 1, True))
+    argv, accelerate = fastest.arguments(fsdp, fastest.Settings(True, True, None, 1, 2, True))  # fsdp2's own 1 x 2
     assert argv == [] and accelerate == {"fsdp_activation_checkpointing": True,
                                          "fsdp_activation_checkpointing_offload": True}
     applied = resolve(Options(recipe="fsdp2"), progress=lambda *_: None, fastest=(argv, accelerate))

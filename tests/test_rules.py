@@ -192,9 +192,15 @@ def test_the_deprecated_checkpointing_name_is_refused_where_transformers_would_i
         [msg] = messages(resolve(Options(recipe=recipe, smoke=True, cpu=True,
                                          extra=["--gradient_checkpointing", "false"])))
         assert "`gradient_checkpointing` is given as False" in msg and "`-- --activation_checkpointing false`" in msg
-    # the current name works
+    # the current name works, also where the recipe checkpoints only its first k layers (ring-cp-2gpu's
+    # checkpointing_layers, and the smoke profile's): turning checkpointing off makes k moot, not wrong
     assert messages(resolve(Options(recipe="ring-cp-2gpu", smoke=True, cpu=True,
                                     extra=["--activation_checkpointing", "false"]))) == []
+    assert messages(resolve(Options(recipe="ring-cp-2gpu", extra=["--activation_checkpointing", "false"]))) == []
+    # k given with checkpointing off at the same place is refused: it would do nothing
+    [msg] = messages(resolve(Options(recipe="ring-cp-2gpu", smoke=True, cpu=True, extra=[
+        "--activation_checkpointing", "false", "--checkpointing_layers", "1"])))
+    assert "this run checkpoints none" in msg
     assert resolve(Options(recipe="zero3", smoke=True, cpu=True,
                            extra=["--activation_checkpointing", "false"])).checkpointing.enabled is False
     # the old name in a (forked) config.yaml under the new one on the command line is fine: the new one wins

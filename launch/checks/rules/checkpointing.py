@@ -67,7 +67,11 @@ def checkpointing_layers_with_checkpointing(setup, facts: Facts):
         return (f"`checkpointing_layers: {ckpt.layers}` ({where}): the number of decoder layers to checkpoint is 1 "
                 "or more (leave it unset to checkpoint all of them, or turn checkpointing off with "
                 "`activation_checkpointing: false`).")
-    if not ckpt.on:
+    if not ckpt.on and setup.explicit.get("checkpointing_layers", (0, ""))[0] >= setup.explicit.get(
+            "activation_checkpointing", (0, ""))[0]:
+        # k given where checkpointing is off already, or after it (`-- --checkpointing_layers 3`): it would do
+        # nothing. A recipe's k (config.yaml) or a profile's that a later layer turned moot by turning checkpointing
+        # off (`-- --activation_checkpointing false`) is what that layer asked for: no layer checkpointed.
         return (f"`checkpointing_layers: {ckpt.layers}` ({where}) limits checkpointing to the first "
                 f"{ckpt.layers} decoder layers, but this run checkpoints none: turn it on (`-- "
                 "--activation_checkpointing true`, or `fsdp_activation_checkpointing: true` in an FSDP2 config), or "
