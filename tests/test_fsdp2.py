@@ -28,6 +28,7 @@ def test_smoke_profile_runs_fsdp2_sharded(recipe, shard, replicate, smoke_runs):
     assert summary["verdict"]["passed"] is True
 
 
+@pytest.mark.long  # runs of its own beyond the recipes' smoke runs: ci/long.sh
 def test_hsdp_matches_plain_fsdp2_on_the_same_processes(smoke_runs):
     proc, hsdp = smoke_runs.run("fsdp2-70b")  # recorded: 4 processes, dp_replicate 2 x dp_shard 2
     assert proc.returncode == 0, explain(proc)

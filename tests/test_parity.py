@@ -21,6 +21,7 @@ def _observed(smoke_runs, recipe, *args):
     return summary["observed"]
 
 
+@pytest.mark.long  # runs of its own beyond the recipes' smoke runs: ci/long.sh
 def test_batch_layouts_are_equivalent(smoke_runs):
     """The seeds' table (1 GPU x 32 x 1 = 1 x 4 x 8 = 8 x 4 x 1), scaled down: processes x per-device batch x
     accumulation = 1x8x1, 1x2x4 and 2x4x1 (the judged ddp smoke run) see the same 8 sequences per step and must give

@@ -38,6 +38,7 @@ def test_smoke_profile_meets_expected_metrics_on_cpu(name, smoke_runs):
     assert len(summary["observed"]["loss"]) == len(summary["observed"]["grad_norm"]) == len(recorded["steps"]["loss"])
 
 
+@pytest.mark.long  # runs of its own beyond the recipes' smoke runs: ci/long.sh
 def test_a_copied_recipe_folder_runs_without_edits_and_benches(tmp_path):
     """A copy of a recipe folder runs as is; with --bench its run_summary.json carries every figure, next to the
     planner's prediction for the same run (on CPU: peak resident set size per process)."""
@@ -88,6 +89,7 @@ def test_a_miss_is_reported_and_exits_nonzero(smoke_runs, capsys, monkeypatch):
     assert "MISS  loss max |diff|" in out and "expected metrics: FAILED" in out
 
 
+@pytest.mark.long  # runs of its own beyond the recipes' smoke runs: ci/long.sh
 @pytest.mark.parametrize("name", ["ring-cp-2gpu", "ring-cp-4gpu"])
 def test_cp_smoke_runs_the_real_cp_path_and_matches_no_cp(name, smoke_runs):
     """The CP smoke profile runs Accelerate's CP path (FSDP2 + torch context_parallel), not a silent single-device
