@@ -160,7 +160,7 @@ def timings(body: str | None) -> str:
         over = f" | {c['median_s'] - floor['median_s']:+.2f}" if floor else ""
         rows.append(f"| `{c['command']}` | {c['median_s']:.2f} | {c['min_s']:.2f} | {c['max_s']:.2f}{over} |")
     if floor:  # the imports' floor: what the launcher adds to them is the last column
-        rows[3:5] = ["| command | median (s) | fastest (s) | slowest (s) | over the imports (s) |",
+        rows[2:4] = ["| command | median (s) | fastest (s) | slowest (s) | over the imports (s) |",
                      "|---|---|---|---|---|"]
     return "\n".join(rows) + "\n"
 
