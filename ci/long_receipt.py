@@ -12,7 +12,7 @@ does not run them; it checks this receipt instead, whose `inputs_sha256` covers 
 depend on. A change to any of them makes the receipt stale, and CI fails until `bash ci/long.sh` has run again on
 the changed tree and its receipt is committed with the change.
 
-Standard library only, like ci/image_receipt.py.
+`check` needs only the standard library; `write` runs with the venv's python (the launcher's machine facts).
 """
 
 from __future__ import annotations
@@ -52,16 +52,6 @@ def inputs_sha256(root: Path = ROOT) -> str:
     return digest.hexdigest()
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
 def _versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -90,11 +80,14 @@ def results(junit_xml: Path) -> dict:
 
 
 def write(junit_xml: Path, seconds: float) -> int:
+    sys.path.insert(0, str(ROOT))  # run by the venv's python (ci/long.sh), where the launcher's modules import
+    from launch.facts.machine import cpu_model
+
     found = results(junit_xml)
     receipt = {
         "inputs_sha256": inputs_sha256(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": {"cpus": os.cpu_count(), "cpu": _cpu_model(), "python": platform.python_version(),
+        "host": {"cpus": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
                  # other work on the host slows every duration below: the load when the receipt was written
                  "load_average": [round(x, 1) for x in os.getloadavg()]},
         "versions": _versions(),

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import shutil
 import subprocess
+import sys
 
 from helpers.launcher import REPO
 
@@ -21,9 +22,11 @@ def test_the_long_tests_ran_on_this_tree_and_passed():
 
 def test_the_receipt_lists_every_long_test_of_this_tree():
     """The receipt's tests are the ones pytest collects as long now (none added or renamed since)."""
-    out = subprocess.run([shutil.which("python") or "python", "-m", "pytest", "--collect-only", "-q", "--long",
-                          "-m", "long", "-p", "no:cacheprovider", "-p", "no:xdist"],
+    # this interpreter (the venv's: ci/test.sh runs it without activating the venv, so `python` may be another)
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "--long", "-m", "long",
+                          "-p", "no:cacheprovider", "-p", "no:xdist"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     collected = {line.strip() for line in out.stdout.splitlines() if "::" in line}
     receipt = json.loads(long_receipt.RECEIPT.read_text())
     assert {t["test"] for t in receipt["tests"]} == collected
