@@ -423,7 +423,11 @@ def layer_working_set_bytes(arch: Architecture, run: RunShape, n_tokens: int | N
         kv = a * 2 * arch.kv_dim
         ws += kv * (run.layout.cp + 1) if run.cp_comm_strategy == "allgather" else 2 * kv
         ws += F32 * (qd + 2 * arch.kv_dim) + 2 * F32 * 2 * arch.kv_dim
-    peak_attn = (s_attn + held + grads + ws) * n
+    # Reentrant checkpointing: CheckpointFunction.backward (torch/utils/checkpoint.py) keeps the recomputed layer's
+    # `outputs` referenced until its `torch.autograd.backward(outputs_with_grad, args_with_grad)` returns, so the
+    # layer output (counted with the MLP group) is alive through the attention backward as well.
+    out_held = a * H if run.checkpoint_reentrant and run.gradient_checkpointing else 0
+    peak_attn = (s_attn + held + grads + ws + out_held) * n
     deq = adapters.dequantized_weight_bytes(arch, run)  # QLoRA: a 4-bit weight dequantized for its backward
     bias = packed_mask_bytes(arch, run)["layer"]  # SDPA's additive bias of a packed row, saved with q, k, v
     peak_mlp += deq + bias
