@@ -27,7 +27,26 @@ def pytest_addoption(parser):
                      help="also run the tests marked long (bash ci/long.sh runs only those: --long -m long)")
 
 
+# ---- scheduling over pytest-xdist workers ------------------------------------------------------------------------
+# ci/test.sh runs `--dist loadgroup --no-loadscope-reorder`: every module is one group, run whole on one worker (its
+# module fixtures set up once), in collection order, except SPREAD modules, whose tests go first and one by one. The
+# smoke module is one: each of its tests is a training run of its own (shared through SmokeRuns, not a fixture), and
+# whole on one worker it was the session's longest stretch (366 s of a 430 s session, the other worker idle for its
+# last 58 s, measured); first, the worker that compiles DeepSpeed's cpu_adam for the offload runs starts early.
+SPREAD = {"test_smoke_recipes.py"}
+
+
+def _schedule(items):
+    spread = [item for item in items if item.path.name in SPREAD]
+    rest = [item for item in items if item.path.name not in SPREAD]
+    for item in rest:
+        item.add_marker(pytest.mark.xdist_group(item.path.name))
+    items[:] = spread + rest
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (its own hook of the same name)
 def pytest_collection_modifyitems(config, items):
+    _schedule(items)
     if config.getoption("--long"):
         return
     long_items = [item for item in items if item.get_closest_marker("long")]
