@@ -28,25 +28,19 @@ def pytest_addoption(parser):
 
 
 # ---- scheduling over pytest-xdist workers ------------------------------------------------------------------------
-# ci/test.sh runs `--dist loadgroup --no-loadscope-reorder`: every module is one group, run whole on one worker (its
-# module fixtures set up once), in collection order, except SPREAD modules, whose tests go first and one by one. The
-# smoke module is one: each of its tests is a training run of its own (shared through SmokeRuns, not a fixture), and
-# whole on one worker it was the session's longest stretch (366 s of a 430 s session, the other worker idle for its
-# last 58 s, measured); first, the worker that compiles DeepSpeed's cpu_adam for the offload runs starts early.
-SPREAD = {"test_smoke_recipes.py"}
+# ci/test.sh runs `--dist load`: tests go to whichever worker is free, one by one, in this order: the smoke module's
+# first (each a training run of its own, shared through SmokeRuns), then the rest as collected. Whole on one worker
+# (`--dist loadfile`) the smoke module was the session's longest stretch (366 s of a 430 s session, the other worker
+# idle for its last 58 s, measured on 2 cores); first, the worker that compiles DeepSpeed's cpu_adam for the offload
+# runs starts early. A module's fixtures may so be set up on both workers. (`--dist loadgroup`, modules whole but the
+# smoke tests spread, does not group with these pins: pytest-xdist 3.8 marks a group by rewriting `item._nodeid`,
+# which pytest 9.2's `nodeid` no longer reads.)
+FIRST = {"test_smoke_recipes.py"}
 
 
-def _schedule(items):
-    spread = [item for item in items if item.path.name in SPREAD]
-    rest = [item for item in items if item.path.name not in SPREAD]
-    for item in rest:
-        item.add_marker(pytest.mark.xdist_group(item.path.name))
-    items[:] = spread + rest
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (its own hook of the same name)
 def pytest_collection_modifyitems(config, items):
-    _schedule(items)
+    items[:] = [item for item in items if item.path.name in FIRST] + \
+        [item for item in items if item.path.name not in FIRST]
     if config.getoption("--long"):
         return
     long_items = [item for item in items if item.get_closest_marker("long")]
