@@ -16,31 +16,30 @@ import textwrap
 from torch.utils.cpp_extension import _get_build_directory
 
 SCRIPT = textwrap.dedent("""
-    import json, sys
+    import json, os
     from deepspeed.ops.op_builder import CPUAdamBuilder
     from launch.cpu import deepspeed_build
 
-    before = CPUAdamBuilder().cxx_args()
-    patched = deepspeed_build.drop_debug_info()
-    again = deepspeed_build.drop_debug_info()
-    print(json.dumps({"before": before, "after": CPUAdamBuilder().cxx_args(), "patched": [patched, again]}))
+    flags = {"upstream": CPUAdamBuilder().cxx_args()}
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "false"  # not a DeepSpeed run: nothing to patch
+    flags["patched without DeepSpeed"] = deepspeed_build.drop_debug_info()
+    flags["untouched"] = CPUAdamBuilder().cxx_args()
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"  # as `accelerate launch` sets it for a DeepSpeed config
+    flags["patched"] = [deepspeed_build.drop_debug_info(), deepspeed_build.drop_debug_info()]
+    flags["fixed"] = CPUAdamBuilder().cxx_args()
+    print(json.dumps(flags))
 """)
 
 
-def _flags(use_deepspeed: bool) -> dict:
-    env = dict(os.environ, ACCELERATE_USE_DEEPSPEED=str(use_deepspeed).lower(), CUDA_VISIBLE_DEVICES="")
+def test_cpu_op_flags_lose_only_the_debug_flag():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # one fresh process: the patch cannot leak into this one
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def test_cpu_op_flags_lose_only_the_debug_flag():
-    fixed = _flags(use_deepspeed=True)
-    assert "-g" in fixed["before"] and "-O3" in fixed["before"]  # DeepSpeed's own: what the fix has to change
-    assert fixed["after"] == [arg for arg in fixed["before"] if arg != "-g"]
-    assert fixed["patched"] == [True, True]  # idempotent
-    untouched = _flags(use_deepspeed=False)  # not a DeepSpeed run: nothing patched
-    assert untouched["patched"] == [False, False] and untouched["after"] == untouched["before"]
+    flags = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "-g" in flags["upstream"] and "-O3" in flags["upstream"]  # DeepSpeed's own: what the fix has to change
+    assert flags["patched without DeepSpeed"] is False and flags["untouched"] == flags["upstream"]
+    assert flags["patched"] == [True, True]  # idempotent
+    assert flags["fixed"] == [arg for arg in flags["upstream"] if arg != "-g"]
 
 
 def test_the_offload_smoke_runs_cpu_adam_is_built_without_debug_info(smoke_runs):
