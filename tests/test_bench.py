@@ -126,19 +126,25 @@ def test_the_callback_counts_tokens_marks_and_writes_after_warmup(tmp_path):
 def test_the_callback_costs_little_per_step(tmp_path):
     """Host-side cost of the always-on measurement per optimizer step (hook on 2 micro-batches, timestamps, a mark
     and a file write every 10 steps), against the same loop without the callback. Measured on the 2-core CI
-    machine: about 60 microseconds per step; the bound is loose."""
-    steps = 400
+    machine: about 60 microseconds per step; the bound is loose. The two loops alternate in blocks and each keeps its
+    fastest block: beside CI's other worker and a CPU-bound process, one whole-loop timing each read 1.3 ms per step
+    once (a preemption inside the measured loop, not the callback)."""
+    blocks, steps = 8, 50
     plain = _Trainerless(SimpleNamespace(on_train_begin=lambda *a, **k: None, on_step_begin=lambda *a: None,
-                                         on_step_end=lambda *a: None, on_train_end=lambda *a: None), steps)
-    measured = _Trainerless(measure.measure_callback(tmp_path, warmup=0), steps)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        plain.step()
-    t1 = time.perf_counter()
-    for _ in range(steps):
-        measured.step()
-    t2 = time.perf_counter()
-    per_step = ((t2 - t1) - (t1 - t0)) / steps
+                                         on_step_end=lambda *a: None, on_train_end=lambda *a: None), blocks * steps)
+    measured = _Trainerless(measure.measure_callback(tmp_path, warmup=0), blocks * steps)
+
+    def block(run) -> float:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            run.step()
+        return time.perf_counter() - t0
+
+    fastest = {id(run): float("inf") for run in (plain, measured)}
+    for _ in range(blocks):
+        for run in (plain, measured):
+            fastest[id(run)] = min(fastest[id(run)], block(run))
+    per_step = (fastest[id(measured)] - fastest[id(plain)]) / steps
     print(f"bench callback: {1e6 * per_step:.0f} us per step on this host")
     assert per_step < 1e-3
 
