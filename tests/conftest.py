@@ -41,6 +41,10 @@ FIRST = {"test_smoke_recipes.py"}
 def pytest_collection_modifyitems(config, items):
     items[:] = [item for item in items if item.path.name in FIRST] + \
         [item for item in items if item.path.name not in FIRST]
+    # the long tests of the whole suite, when this session collected it whole (before -k/-m deselect, which pytest's
+    # own hooks do after this one): tests/test_long_receipt.py compares them with the receipt's without collecting again
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
+        config._long_tests = {item.nodeid for item in items if item.get_closest_marker("long")}
     if config.getoption("--long"):
         return
     long_items = [item for item in items if item.get_closest_marker("long")]
