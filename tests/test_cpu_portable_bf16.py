@@ -84,14 +84,17 @@ def test_bitsandbytes_4bit_dequantization_is_exact_on_both_of_its_cpu_loops():
     from bitsandbytes.backends.default.ops import _dequantize_4bit_compute
     from bitsandbytes.backends.utils import _get_4bit_code
 
+    # bitsandbytes wraps the reference in torch.compile (`_try_torch_compile`), whose C++ build would cost a fresh
+    # machine a minute; the reference is the eager function inside (functools.wraps keeps it as __wrapped__)
+    reference_dequantize = getattr(_dequantize_4bit_compute, "__wrapped__", _dequantize_4bit_compute)
     generator = torch.Generator().manual_seed(0)
     for width in (64, 62):  # the AVX512 loop (where the CPU has it), the scalar loop
         weight = (torch.randn(48, width, generator=generator) * 0.05).bfloat16()
         packed, state = F.quantize_4bit(weight, blocksize=64, quant_type="nf4", compress_statistics=True,
                                         quant_storage=torch.bfloat16)
         scales = F.dequantize_blockwise(state.absmax, state.state2) + state.offset
-        reference = _dequantize_4bit_compute(packed.view(torch.uint8).reshape(-1), scales.float(),
-                                             _get_4bit_code("nf4", packed.device), 64, state.shape, torch.bfloat16)
+        reference = reference_dequantize(packed.view(torch.uint8).reshape(-1), scales.float(),
+                                         _get_4bit_code("nf4", packed.device), 64, state.shape, torch.bfloat16)
         assert torch.equal(F.dequantize_4bit(packed, state), reference), width
 
 
