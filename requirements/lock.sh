@@ -10,8 +10,8 @@
 #
 # Every lock is written with uv's --generate-hashes: each `name==version` entry carries the sha256 of every file
 # of that version on the index (wheels for all platforms and the sdist), or of the local wheel it was resolved
-# from (torch's CPU build), and every install of a lock is `pip install --require-hashes` (ci/setup.sh, the
-# Dockerfile): a file whose bytes differ from the ones locked here is refused. The resolver's own constraint
+# from (torch's CPU build), and every install of a lock is `--require-hashes` (ci/setup.sh: uv for cpu.lock, pip
+# otherwise; the Dockerfile: pip): a file whose bytes differ from the ones locked here is refused. The resolver's own constraint
 # files (one lock's versions held for another) are written without hashes by `python -m launch.lockfile constraints`.
 #
 #   cpu.lock          CPython 3.11, x86_64-manylinux_2_28: the virtualenv of ci/setup.sh (CI, quickstart).

@@ -327,8 +327,11 @@ def test_the_test_venv_is_the_cpu_lock(tmp_path):
     assert "bash ci/test.sh" in (ROOT / ".ci" / "run").read_text()
     setup = (ROOT / "ci" / "setup.sh").read_text()
     assert "LOCK=requirements/cpu.lock" in setup
-    assert re.search(r'pip install [^\n]*--require-hashes[^\n]*--no-deps[^\n]*-r "\$LOCK"', setup)
-    assert re.search(r'pip install [^\n]*--require-hashes[^\n]*-r "\$VENV/build-backends.lock"', setup)
+    commands = setup.replace("\\\n", " ")  # a command continued over lines, as one line
+    # the CPU lock by the lock's own uv, the other locks by pip: each the same hash-checked, --no-deps install
+    assert re.search(r'/uv" pip install [^\n]*--require-hashes[^\n]*--no-deps[^\n]*-r "\$LOCK"', commands)
+    assert re.search(r'(?m)^ *pip install [^\n]*--require-hashes[^\n]*--no-deps[^\n]*-r "\$LOCK"', commands)
+    assert re.search(r'pip install [^\n]*--require-hashes[^\n]*-r "\$VENV/build-backends.lock"', commands)
     proc = run(["bash", str(ROOT / "ci" / "setup.sh"), "--check"], env=dict(os.environ, VENV=sys.prefix))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # and the comparison fails where a package differs from its lock entry
