@@ -32,6 +32,16 @@ DEBUG_FLAG = "-g"
 ONE_UNIT = "cpu_adam_one_unit.cpp"
 
 
+def _wrap_method(owner: type, name: str, wrap) -> bool:
+    """Replace `owner.name` by `wrap(upstream method)`, once: a method this module wrapped is left as it is."""
+    upstream = getattr(owner, name)
+    if not getattr(upstream, "wrapped_by_launch", False):
+        method = wrap(upstream)
+        method.wrapped_by_launch = True
+        setattr(owner, name, method)
+    return True
+
+
 def drop_debug_info() -> bool:
     """Make DeepSpeed's CPU op builds leave out `-g`. Returns whether the builder is patched (False: no DeepSpeed run).
     Idempotent."""
@@ -39,16 +49,12 @@ def drop_debug_info() -> bool:
         return False
     from deepspeed.ops.op_builder.cpu.builder import CPUOpBuilder
 
-    upstream = CPUOpBuilder.cxx_args
-    if getattr(upstream, "without_debug_info", False):
-        return True
+    def wrap(upstream):
+        def cxx_args(self):
+            return [arg for arg in upstream(self) if arg != DEBUG_FLAG]
+        return cxx_args
 
-    def cxx_args(self):
-        return [arg for arg in upstream(self) if arg != DEBUG_FLAG]
-
-    cxx_args.without_debug_info = True
-    CPUOpBuilder.cxx_args = cxx_args
-    return True
+    return _wrap_method(CPUOpBuilder, "cxx_args", wrap)
 
 
 def one_unit_source(sources: list[str], folder: Path) -> Path:
@@ -72,16 +78,12 @@ def one_translation_unit() -> bool:
         return False
     from deepspeed.ops.op_builder.cpu.cpu_adam import CPUAdamBuilder
 
-    upstream = CPUAdamBuilder.sources
-    if getattr(upstream, "one_unit", False):
-        return True
+    def wrap(upstream):
+        def sources(self):
+            from torch.utils.cpp_extension import _get_build_directory  # where torch's JIT `load` builds this op
 
-    def sources(self):
-        from torch.utils.cpp_extension import _get_build_directory  # where torch's JIT `load` builds this op
+            files = [os.path.abspath(self.deepspeed_src_path(path)) for path in upstream(self)]
+            return [str(one_unit_source(files, Path(_get_build_directory(self.name, verbose=False))))]
+        return sources
 
-        files = [os.path.abspath(self.deepspeed_src_path(path)) for path in upstream(self)]
-        return [str(one_unit_source(files, Path(_get_build_directory(self.name, verbose=False))))]
-
-    sources.one_unit = True
-    CPUAdamBuilder.sources = sources
-    return True
+    return _wrap_method(CPUAdamBuilder, "sources", wrap)
